@@ -87,9 +87,14 @@ def run(args, fields, explicit):
                                      else config.steps)
     else:
         config = TrainingConfig(**fields)
+    # The strategy first: a multi-worker one configures collectives, which must
+    # happen before TensorFlow runs anything.
+    strategy = training.make_strategy(config.strategy, tpu=args.tpu)
     keras.utils.set_random_seed(config.seed)
     training.set_precision(config.precision)
-    strategy = training.make_strategy(config.strategy, tpu=args.tpu)
+    # On a multi-worker run every worker computes, only the chief writes, and --out
+    # must be on a filesystem all workers share (they read its vocab and checkpoints).
+    chief = training.is_chief(strategy)
 
     # === Data ===
     source = _data_source(config.data)
@@ -99,19 +104,21 @@ def run(args, fields, explicit):
     train_pairs = kt_data.load_parallel(source, splits["train"], **languages)
     dev_pairs = kt_data.load_parallel(source, splits["dev"], **languages)
     vocab_dir = os.path.join(args.out, "vocab")
-    if os.path.exists(vocab_dir):
-        tokenizer = kt_data.SubwordTokenizer.load(vocab_dir)
-    else:
+    if chief and not os.path.exists(vocab_dir):
         print(f"Training a {config.vocab_size}-token shared vocabulary...", flush=True)
-        tokenizer = kt_data.SubwordTokenizer.train(
+        kt_data.SubwordTokenizer.train(
             train_pairs, vocab_size=config.vocab_size, max_sentences=config.vocab_sentences,
-            seed=config.seed)
-        tokenizer.save(vocab_dir)
+            seed=config.seed).save(vocab_dir)
+    training.same_on_all_workers(strategy, 0)  # the others wait for the chief's vocab
+    if not os.path.exists(vocab_dir):
+        raise ValueError(f"{vocab_dir} is missing on this worker: on a multi-worker run, "
+                         "--out must be a directory that every worker shares")
+    tokenizer = kt_data.SubwordTokenizer.load(vocab_dir)
 
     # === Model ===
     model_config = kt.TransformerConfig.preset(
         config.model, vocab_size=tokenizer.vocab_size, max_length=max(config.max_length, 256))
-    if not os.path.exists(config_path):
+    if chief and not os.path.exists(config_path):
         os.makedirs(args.out, exist_ok=True)
         with open(config_path, "w") as f:
             json.dump({"model": model_config.to_dict(), "training": config.to_dict()}, f,
@@ -123,6 +130,10 @@ def run(args, fields, explicit):
             config.learning_rate_scale, config.jit_compile)
         checkpoint_dir = os.path.join(args.out, "checkpoints")
         initial_step = training.restore_latest_checkpoint(model, checkpoint_dir)
+    if not training.same_on_all_workers(strategy, initial_step):
+        raise ValueError(f"the workers found different checkpoints in {checkpoint_dir} "
+                         f"(this one: step {initial_step}); --out must be a directory "
+                         "that every worker shares")
     if initial_step:
         print(f"Resuming {args.out} at step {initial_step}.", flush=True)
 
@@ -135,7 +146,10 @@ def run(args, fields, explicit):
         train_pairs, seed=config.seed, deterministic=True, repeat=True, stats=stats,
         **batch_args,
     ).skip(initial_step)
-    dev_batches = kt_data.make_batches(dev_pairs, shuffle=False, **batch_args)
+    # Deterministic and full-size batches, so workers agree on each one and no
+    # replica gets an empty share.
+    dev_batches = kt_data.make_batches(dev_pairs, shuffle=False, deterministic=True,
+                                       static_batch_size=True, **batch_args)
 
     # === Fit: an epoch is checkpoint_every steps ===
     # Keras warns when the (finite) dev set ends each evaluation, which is expected.
@@ -145,7 +159,7 @@ def run(args, fields, explicit):
         training.StepCheckpoint(checkpoint_dir, keep=config.keep_checkpoints),
         training.LearningRateLogger(),
     ]
-    if config.bleu_every:
+    if config.bleu_every and chief:
         dev_subset = list(dev_pairs.take(config.bleu_sentences).as_numpy_iterator())
         callbacks.append(training.BleuEvaluation(
             _translator(model, tokenizer),
@@ -154,10 +168,11 @@ def run(args, fields, explicit):
             score=lambda hypotheses, references: _bleu(hypotheses, references)["bleu"],
             every_epochs=config.bleu_every // config.checkpoint_every,
         ))
-    callbacks += [
-        keras.callbacks.TensorBoard(os.path.join(args.out, "logs")),
-        keras.callbacks.CSVLogger(os.path.join(args.out, "log.csv"), append=True),
-    ]
+    if chief:
+        callbacks += [
+            keras.callbacks.TensorBoard(os.path.join(args.out, "logs")),
+            keras.callbacks.CSVLogger(os.path.join(args.out, "log.csv"), append=True),
+        ]
     history = model.fit(
         train_batches,
         epochs=config.steps // config.checkpoint_every,
@@ -177,6 +192,8 @@ def run(args, fields, explicit):
         print(f"train.py: the loss diverged (NaN); the last good checkpoint is in "
               f"{checkpoint_dir}", file=sys.stderr)
         return 1
+    if not chief:
+        return 0
 
     # === Average the last checkpoints (Sec. 6.1) and save ===
     checkpoints = [path for _, path in training.list_checkpoints(checkpoint_dir)]

@@ -1,6 +1,7 @@
 """The encoder-decoder Transformer as a functional `keras.Model` (Sec. 3)."""
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from keras_transformer.config import TransformerConfig
@@ -195,6 +196,45 @@ class Transformer(keras.Model):
             self_caches.append(self_cache)
         logits = self._logits(x)[:, 0, :]  # (B, V)
         return logits, dict(cache, self_attention=self_caches)
+
+    # Distributed training --------------------------------------------------
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Before the first step, Keras 3 (TensorFlow trainer) learns the batch's
+        # structure by *reducing* the first distributed batch across replicas: a
+        # collective that fails under MultiWorkerMirroredStrategy for dict inputs
+        # ("Attempt to convert a value ({'encoder_inputs': PerReplica...",
+        # keras-team/keras#20329). One local replica's batch has the same structure
+        # and dtypes, which is all the symbolic build reads.
+        strategy = self._distribute_strategy
+        if strategy is None or iterator is None:
+            return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+        for _, _, batches in iterator:
+            data_batch = tf.nest.map_structure(
+                lambda value: strategy.experimental_local_results(value)[0], next(batches)
+            )
+            break
+        with strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    def train_step(self, data):
+        return self._before_multi_worker_reduction(super().train_step(data))
+
+    def test_step(self, data):
+        return self._before_multi_worker_reduction(super().test_step(data))
+
+    def _before_multi_worker_reduction(self, logs):
+        # Across workers Keras 3 averages each step's logs with
+        # `strategy.reduce("MEAN", value, axis=0)`, which fails on scalars ("Invalid
+        # reduction dimension 0 for input with 0 dimensions", tensorflow#72388).
+        # The values are already the same on every replica (synchronized metrics),
+        # so a length-1 axis makes that mean a no-op that returns the scalar.
+        strategy = self.distribute_strategy
+        extended = getattr(strategy, "extended", None)
+        if not (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+                and extended._in_multi_worker_mode()):
+            return logs
+        return tf.nest.map_structure(lambda value: tf.reshape(value, [-1]), logs)
 
     # Shared pieces ---------------------------------------------------------
 

@@ -33,19 +33,18 @@ def make_strategy(name="auto", tpu=""):
       `TF_CONFIG` environment variable.
     - "tpu": `TPUStrategy` through a `TPUClusterResolver` (`tpu` names the TPU;
       empty means the local one or `TPU_NAME`).
-    - "auto": multi_worker when `TF_CONFIG` names several workers, mirrored with
+    - "auto": multi_worker when `TF_CONFIG` names several tasks, mirrored with
       several GPUs, else one_device.
+
+    Call it first: a multi-worker strategy must be made before TensorFlow runs
+    anything.
     """
     if name not in STRATEGIES:
         raise ValueError(f"Unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
-    gpus = tf.config.list_logical_devices("GPU")
     if name == "auto":
-        workers = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {}).get("worker", [])
-        name = "multi_worker" if len(workers) > 1 else "mirrored" if len(gpus) > 1 else "one_device"
-    if name == "one_device":
-        return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
-    if name == "mirrored":
-        return tf.distribute.MirroredStrategy()
+        cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+        if len(cluster.get("worker", [])) + len(cluster.get("chief", [])) > 1:
+            name = "multi_worker"
     if name == "multi_worker":
         if "TF_CONFIG" not in os.environ:
             raise ValueError(
@@ -53,7 +52,16 @@ def make_strategy(name="auto", tpu=""):
                 '(e.g. {"cluster": {"worker": ["host1:port", "host2:port"]}, '
                 '"task": {"type": "worker", "index": 0}})'
             )
+        # Before anything else touches TensorFlow's runtime (listing devices
+        # included): collectives must be configured at program start-up.
         return tf.distribute.MultiWorkerMirroredStrategy()
+    gpus = tf.config.list_logical_devices("GPU")
+    if name == "auto":
+        name = "mirrored" if len(gpus) > 1 else "one_device"
+    if name == "one_device":
+        return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy()
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
     tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
@@ -128,7 +136,7 @@ class StepCheckpoint(keras.callbacks.Callback):
         loss = (logs or {}).get("loss")
         if loss is not None and not np.isfinite(loss):
             return
-        if not _is_chief(self.model.distribute_strategy):
+        if not is_chief(self.model.distribute_strategy):
             return
         os.makedirs(self.directory, exist_ok=True)
         step = int(self.model.optimizer.iterations.numpy())
@@ -197,7 +205,12 @@ def average_checkpoints(model, paths):
     return averaged
 
 
-def _is_chief(strategy):
+# Workers -------------------------------------------------------------------
+
+
+def is_chief(strategy):
+    """Whether this process writes the run's files: always, but on a multi-worker
+    run, where only the chief (or worker 0 when there is no chief) does."""
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not getattr(resolver, "task_type", None):
         return True
@@ -205,6 +218,25 @@ def _is_chief(strategy):
         resolver.task_type == "worker" and resolver.task_id == 0
         and "chief" not in resolver.cluster_spec().as_dict()
     )
+
+
+def same_on_all_workers(strategy, value):
+    """Waits for every worker of a multi-worker run and returns whether `value` (a
+    number, such as the step a run resumes at) is the same on all of them.
+
+    Every worker must call it, at the same point: it is a collective all-reduce.
+    Other strategies run in one process; for them it returns True at once.
+    """
+    if not (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            and strategy.extended._in_multi_worker_mode()):
+        return True
+    values = tf.constant([value, value * value], tf.float64)
+    total = tf.function(
+        lambda: strategy.reduce("SUM", strategy.run(lambda: values), axis=None)
+    )().numpy()
+    # n * sum(x^2) == sum(x)^2 only when all n values are equal (Cauchy-Schwarz),
+    # and every worker computes the same answer, so all of them stop or go on.
+    return strategy.num_replicas_in_sync * total[1] == total[0] ** 2
 
 
 # Logging -------------------------------------------------------------------

@@ -1,22 +1,43 @@
-"""Trains two steps with model.fit on one device and on N logical CPU replicas of a
-MirroredStrategy, from the same weights on the same global batches, and prints the
-largest weight difference as JSON.
+"""Trains two steps with model.fit on one device and under a distribution strategy,
+from the same weights on the same global batches, and prints the largest weight
+difference as JSON.
 
-Run as a script (logical devices must be set before TensorFlow starts):
-    python tests/replica_equivalence.py 8
+Run as a script (logical devices and collectives must be set up before TensorFlow
+starts):
+    python tests/replica_equivalence.py mirrored 8
+        MirroredStrategy over 8 logical CPUs.
+    python tests/replica_equivalence.py multi_worker INDEX HOST:PORT,HOST:PORT
+        MultiWorkerMirroredStrategy, this process being worker INDEX of the
+        cluster; start one process per worker.
 """
 
 import json
+import os
 import sys
 
 import tensorflow as tf
 
+GLOBAL_BATCH = 16
 
-def main(num_replicas):
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * num_replicas
+
+def make_strategy(mode, args):
+    if mode == "mirrored":
+        num_replicas = int(args[0])
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * num_replicas
+        )
+        return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(num_replicas)])
+    index, workers = int(args[0]), args[1].split(",")
+    os.environ["TF_CONFIG"] = json.dumps(
+        {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
     )
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def main(mode, args):
+    # The strategy first: collectives must be configured before any other op runs.
+    strategy = make_strategy(mode, args)
     import keras
     import numpy as np
 
@@ -38,6 +59,9 @@ def main(num_replicas):
     initial_weights = kt.build_transformer(config).get_weights()
 
     def train(strategy):
+        # Global batches, as train.py feeds them; the strategy splits each one
+        # among its replicas (and workers).
+        batches = tf.data.Dataset.from_tensor_slices((inputs, targets)).batch(GLOBAL_BATCH)
         with strategy.scope():
             model = kt.build_transformer(config)
             model.set_weights(initial_weights)
@@ -48,21 +72,25 @@ def main(num_replicas):
                 optimizer=keras.optimizers.SGD(kt.TransformerSchedule(32, 10, scale=50.0)),
                 loss=kt.LabelSmoothedCrossEntropy(),
             )
-        model.fit(inputs, targets, batch_size=16, epochs=1, shuffle=False, verbose=0)
-        return model.get_weights()
+        history = model.fit(batches, epochs=1, verbose=0)
+        return model.get_weights(), history.history["loss"][-1]
 
-    one = train(tf.distribute.OneDeviceStrategy("/cpu:0"))
-    mirrored = train(tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(num_replicas)]))
-    # Tokens each replica sees in each global batch of 16: Keras's own per-replica
-    # mean would weight these unevenly.
-    shard_tokens = (targets != 0).reshape(2, num_replicas, -1).sum(-1)
+    distributed, distributed_loss = train(strategy)
+    one, one_loss = train(tf.distribute.OneDeviceStrategy("/cpu:0"))
+    num_replicas = strategy.num_replicas_in_sync
+    # Tokens each replica sees in each global batch: Keras's own per-replica mean
+    # would weight these unevenly.
+    tokens_per_row = (targets != 0).sum(-1)
+    shard_tokens = tokens_per_row.reshape(-1, num_replicas, GLOBAL_BATCH // num_replicas).sum(-1)
     print(json.dumps({
         "num_replicas": num_replicas,
         "largest_update": max(float(np.abs(a - b).max()) for a, b in zip(one, initial_weights)),
-        "largest_difference": max(float(np.abs(a - b).max()) for a, b in zip(one, mirrored)),
+        "largest_difference": max(float(np.abs(a - b).max()) for a, b in zip(one, distributed)),
         "tokens_per_replica": shard_tokens.tolist(),
+        # The epoch's mean loss as fit logs it: one device's, and the strategy's.
+        "loss": [one_loss, distributed_loss],
     }))
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(sys.argv[1], sys.argv[2:])

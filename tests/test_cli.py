@@ -1,6 +1,5 @@
 """Tests of export.py, translate.py and evaluate.py as a user runs them (subprocesses)."""
 
-import json
 import os
 import subprocess
 import sys

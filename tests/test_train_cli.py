@@ -1,5 +1,6 @@
 """train.py as a user runs it: errors, and a run killed and resumed."""
 
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,8 @@ import numpy as np
 import pytest
 
 import keras_transformer  # noqa: F401  (registers the classes model.keras holds)
+from keras_transformer.training import list_checkpoints
+from tests.test_distributed import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Small and quick: a 600-token vocabulary, short sentences, tiny batches.
@@ -19,12 +22,12 @@ QUICK = ["--vocab-size", "600", "--vocab-sentences", "4000", "--max-length", "24
          "--average-last", "2", "--test-sentences", "0", "--warmup-steps", "4"]
 
 
-def _train(args, wait=True):
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+def _train(args, wait=True, capture=False, **environment):
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **environment)
     command = [sys.executable, os.path.join(ROOT, "train.py"), *args]
     if not wait:
-        return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        output = subprocess.PIPE if capture else subprocess.DEVNULL
+        return subprocess.Popen(command, env=env, stdout=output, stderr=output, text=True)
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -72,6 +75,36 @@ def test_killed_run_resumes_like_an_uninterrupted_one(tmp_path):
         np.testing.assert_allclose(a, b, atol=1e-5)
     for a, b in zip(actual.optimizer.variables, expected.optimizer.variables):
         np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_multi_worker_run_trains_and_resumes(tmp_path):
+    """Two workers on localhost (TF_CONFIG), one shared run directory that only the
+    chief writes; run again with more steps, both resume from its checkpoint."""
+    run = str(tmp_path / "run")
+    workers = [f"localhost:{port}" for port in free_ports(2)]
+
+    def train_on_two_workers(steps):
+        processes = [
+            _train([*QUICK, "--steps", str(steps), "--strategy", "multi_worker", "--out", run],
+                   wait=False, capture=True,
+                   TF_CONFIG=json.dumps({"cluster": {"worker": workers},
+                                         "task": {"type": "worker", "index": index}}))
+            for index in range(2)
+        ]
+        outputs = [process.communicate(timeout=900) for process in processes]
+        for process, (_, stderr) in zip(processes, outputs):
+            assert process.returncode == 0, stderr[-3000:]
+        return [stdout for stdout, _ in outputs]
+
+    train_on_two_workers(4)
+    assert [step for step, _ in list_checkpoints(os.path.join(run, "checkpoints"))] == [2, 4]
+    for stdout in train_on_two_workers(6):
+        assert f"Resuming {run} at step 4." in stdout
+    model = keras.saving.load_model(os.path.join(run, "model.keras"))
+    assert int(model.optimizer.iterations.numpy()) == 6
+    with open(os.path.join(run, "log.csv")) as f:
+        assert len(f.read().splitlines()) == 1 + 3  # header, one row per epoch: one writer
 
 
 @pytest.mark.slow

@@ -291,6 +291,12 @@ def make_batches(
     )
     options = tf.data.Options()
     options.deterministic = deterministic
+    # Under MultiWorkerMirroredStrategy every worker runs this pipeline and keeps its
+    # replicas' share of each global batch, so the workers together train on the
+    # batches one device would (sharding by file would give each its own stream).
+    options.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.DATA
+    )
     return dataset.with_options(options)
 
 
