@@ -1,5 +1,6 @@
 """train.py as a user runs it: errors, and a run killed and resumed."""
 
+import csv
 import json
 import os
 import signal
@@ -80,13 +81,15 @@ def test_killed_run_resumes_like_an_uninterrupted_one(tmp_path):
 @pytest.mark.slow
 def test_multi_worker_run_trains_and_resumes(tmp_path):
     """Two workers on localhost (TF_CONFIG), one shared run directory that only the
-    chief writes; run again with more steps, both resume from its checkpoint."""
+    chief writes, dev BLEU (beam search on the distributed model's weights) every
+    checkpoint; run again with more steps, both resume from its checkpoint."""
     run = str(tmp_path / "run")
     workers = [f"localhost:{port}" for port in free_ports(2)]
 
     def train_on_two_workers(steps):
         processes = [
-            _train([*QUICK, "--steps", str(steps), "--strategy", "multi_worker", "--out", run],
+            _train([*QUICK, "--steps", str(steps), "--strategy", "multi_worker",
+                    "--bleu-every", "2", "--bleu-sentences", "4", "--out", run],
                    wait=False, capture=True,
                    TF_CONFIG=json.dumps({"cluster": {"worker": workers},
                                          "task": {"type": "worker", "index": index}}))
@@ -104,7 +107,9 @@ def test_multi_worker_run_trains_and_resumes(tmp_path):
     model = keras.saving.load_model(os.path.join(run, "model.keras"))
     assert int(model.optimizer.iterations.numpy()) == 6
     with open(os.path.join(run, "log.csv")) as f:
-        assert len(f.read().splitlines()) == 1 + 3  # header, one row per epoch: one writer
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3  # one row per epoch: one writer
+    assert all(0.0 <= float(row["bleu"]) <= 100.0 for row in rows)
 
 
 @pytest.mark.slow
