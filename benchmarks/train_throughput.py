@@ -9,7 +9,8 @@ second and model FLOPs utilization, printed as JSON.
 A fixed batch of `--batch-size` x `--length` tokens (64 x 64 = 4096 by default) for
 source and target, random ids from the vocabulary (37000 by default), the paper's
 optimizer and label-smoothed loss. The first `--warmup-steps` steps (graph build,
-XLA compilation) are timed apart from the measured steps. MFU is the analytic FLOPs of
+XLA compilation) are timed apart from the measured steps, which alternate between the
+implementations so that a shared machine's load falls on all alike. MFU is the analytic FLOPs of
 a training step (3x the forward matmul FLOPs) over the step time, against the
 matrix-multiply peak measured on this machine in the same run (for each compute
 dtype). Our runs carry `speedup_over_keras_hub` (the same-size model from keras-hub's
@@ -100,45 +101,59 @@ def build_keras_hub(config):
                        logits)
 
 
-def measure(implementation, config, precision, jit_compile, args):
+def measure(implementations, config, precision, jit_compile, args):
+    """Results for each implementation at one precision and XLA setting.
+
+    The models are built and warmed up one after the other, then their measured
+    steps alternate (A, B, A, B, ...), so that a shared machine's changing load
+    falls on all of them alike and their ratio stays fair.
+    """
     import keras
     import numpy as np
 
     import keras_transformer as kt
 
-    keras.config.set_dtype_policy(precision)
-    keras.utils.set_random_seed(0)
-    model = (build_ours if implementation == "ours" else build_keras_hub)(config)
-    model.compile(optimizer=kt.transformer_optimizer(config.d_model),
-                  loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing),
-                  jit_compile=jit_compile)
     rng = np.random.RandomState(0)
     shape = (args.batch_size, args.length)
     inputs = {"encoder_inputs": rng.randint(4, config.vocab_size, shape).astype("int32"),
               "decoder_inputs": rng.randint(4, config.vocab_size, shape).astype("int32")}
     targets = rng.randint(4, config.vocab_size, shape).astype("int32")
-    start = time.perf_counter()
-    for _ in range(args.warmup_steps):
-        model.train_on_batch(inputs, targets)
-    warmup_seconds = time.perf_counter() - start
-    times = []
-    for _ in range(args.steps):
+    models, warmup_seconds = {}, {}
+    keras.config.set_dtype_policy(precision)
+    for implementation in implementations:
+        keras.utils.set_random_seed(0)
+        model = (build_ours if implementation == "ours" else build_keras_hub)(config)
+        model.compile(optimizer=kt.transformer_optimizer(config.d_model),
+                      loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing),
+                      jit_compile=jit_compile)
         start = time.perf_counter()
-        model.train_on_batch(inputs, targets)
-        times.append(time.perf_counter() - start)
+        for _ in range(args.warmup_steps):
+            model.train_on_batch(inputs, targets)
+        warmup_seconds[implementation] = time.perf_counter() - start
+        models[implementation] = model
     keras.config.set_dtype_policy("float32")
-    seconds = float(np.median(times))
-    return {
-        "implementation": implementation,
-        "precision": precision,
-        "xla": jit_compile,
-        "parameters": model.count_params(),
-        "first_steps_seconds": round(warmup_seconds, 2),
-        "seconds_per_step": round(seconds, 4),
-        "target_tokens_per_second": round(args.batch_size * args.length / seconds, 1),
-        "train_flops_per_step": 3 * forward_flops(config, args.batch_size, args.length,
-                                                  args.length),
-    }
+    times = {implementation: [] for implementation in implementations}
+    for _ in range(args.steps):
+        for implementation, model in models.items():
+            start = time.perf_counter()
+            model.train_on_batch(inputs, targets)
+            times[implementation].append(time.perf_counter() - start)
+    results = []
+    for implementation, model in models.items():
+        seconds = float(np.median(times[implementation]))
+        results.append({
+            "implementation": implementation,
+            "precision": precision,
+            "xla": jit_compile,
+            "parameters": model.count_params(),
+            "first_steps_seconds": round(warmup_seconds[implementation], 2),
+            "seconds_per_step": round(seconds, 4),
+            "step_seconds": [round(t, 3) for t in times[implementation]],
+            "target_tokens_per_second": round(args.batch_size * args.length / seconds, 1),
+            "train_flops_per_step": 3 * forward_flops(config, args.batch_size, args.length,
+                                                      args.length),
+        })
+    return results
 
 
 def main():
@@ -151,7 +166,8 @@ def main():
     parser.add_argument("--xla", default="off", help="off, on, or off,on")
     parser.add_argument("--implementations", default="ours", help="comma-separated: ours, keras_hub")
     parser.add_argument("--warmup-steps", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5,
+                        help="measured steps per implementation (the median is reported)")
     args = parser.parse_args()
 
     import keras_transformer as kt
@@ -165,8 +181,8 @@ def main():
         if compute not in peaks:
             peaks[compute] = matmul_peak(compute)
         for xla in args.xla.split(","):
-            for implementation in args.implementations.split(","):
-                result = measure(implementation, config, precision, xla == "on", args)
+            for result in measure(args.implementations.split(","), config, precision,
+                                  xla == "on", args):
                 result["mfu"] = round(
                     result["train_flops_per_step"] / result["seconds_per_step"] / peaks[compute], 4)
                 results.append(result)
