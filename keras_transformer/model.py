@@ -229,10 +229,7 @@ class Transformer(keras.Model):
         # reduction dimension 0 for input with 0 dimensions", tensorflow#72388).
         # The values are already the same on every replica (synchronized metrics),
         # so a length-1 axis makes that mean a no-op that returns the scalar.
-        strategy = self.distribute_strategy
-        extended = getattr(strategy, "extended", None)
-        if not (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-                and extended._in_multi_worker_mode()):
+        if not is_multi_worker(self.distribute_strategy):
             return logs
         return tf.nest.map_structure(lambda value: tf.reshape(value, [-1]), logs)
 
@@ -270,6 +267,12 @@ class Transformer(keras.Model):
         if isinstance(config.get("dtype"), dict):
             config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
         return cls(**config)
+
+
+def is_multi_worker(strategy):
+    """Whether `strategy` is a MultiWorkerMirroredStrategy spanning several workers."""
+    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            and strategy.extended._in_multi_worker_mode())
 
 
 def build_transformer(config):

@@ -18,6 +18,7 @@ from keras_transformer.config import STRATEGIES
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import Perplexity
 from keras_transformer.metrics import TokenAccuracy
+from keras_transformer.model import is_multi_worker
 from keras_transformer.schedules import transformer_optimizer
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.weights\.h5$")
@@ -227,8 +228,7 @@ def same_on_all_workers(strategy, value):
     Every worker must call it, at the same point: it is a collective all-reduce.
     Other strategies run in one process; for them it returns True at once.
     """
-    if not (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-            and strategy.extended._in_multi_worker_mode()):
+    if not is_multi_worker(strategy):
         return True
     values = tf.constant([value, value * value], tf.float64)
     total = tf.function(
