@@ -5,6 +5,7 @@ import tensorflow as tf
 from keras import ops
 
 from keras_transformer.config import TransformerConfig
+from keras_transformer.layers import Dropout
 from keras_transformer.layers import LearnedPositionalEmbedding
 from keras_transformer.layers import SharedEmbedding
 from keras_transformer.layers import SinusoidalPositionalEncoding
@@ -63,7 +64,7 @@ class Transformer(keras.Model):
             )
         # Sec. 5.4: dropout on the sums of the embeddings and the positional encodings.
         self.encoder_dropout, self.decoder_dropout = (
-            keras.layers.Dropout(config.dropout_rate, dtype=policy, name=name)
+            Dropout(config.dropout_rate, dtype=policy, name=name)
             for name in ("encoder_embedding_dropout", "decoder_embedding_dropout")
         )
         layer_args = dict(

@@ -50,3 +50,25 @@ def feed_forward(x, w1, b1, w2, b2):
 
 def causal_mask(length):
     return np.tril(np.ones((length, length), bool))[None]
+
+
+def lowbias32(x):
+    """C. Wellons's 32-bit integer hash, element-wise on a uint32 array."""
+    x = np.asarray(x, dtype=np.uint32)
+    x = x ^ (x >> np.uint32(16))
+    x = x * np.uint32(0x7FEB352D)
+    x = x ^ (x >> np.uint32(15))
+    x = x * np.uint32(0x846CA68B)
+    return x ^ (x >> np.uint32(16))
+
+
+def random_bits(shape, seed):
+    """The dropout mask bits, written out: two keys from the seed words, then
+    `mix(mix(index ^ key0) + key1)` for each element's row-major index."""
+    golden = np.uint32(0x9E3779B9)
+    with np.errstate(over="ignore"):
+        seed0, seed1 = (np.uint32(int(s) % 2**32) for s in seed)
+        key0 = lowbias32(seed0 + golden)
+        key1 = lowbias32((seed1 * golden) ^ key0)
+        index = np.arange(int(np.prod(shape)), dtype=np.uint32)
+        return (lowbias32(lowbias32(index ^ key0) + key1)).reshape(shape)

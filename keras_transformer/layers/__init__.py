@@ -2,6 +2,7 @@
 
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.decoder_layer import TransformerDecoderLayer
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.embedding import SharedEmbedding
 from keras_transformer.layers.encoder_layer import TransformerEncoderLayer
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward

@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_transformer.layers.dropout import Dropout
+
 
 class TransformerBlock(keras.layers.Layer):
     """The arguments shared by the encoder and decoder layers (see those)."""
@@ -61,7 +63,7 @@ def norm_and_dropout(layer, name, inputs_shape):
         epsilon=layer.layer_norm_epsilon, dtype=layer.dtype_policy, name=f"{name}_norm"
     )
     norm.build(inputs_shape)
-    dropout = keras.layers.Dropout(
+    dropout = Dropout(
         layer.dropout_rate, dtype=layer.dtype_policy, name=f"{name}_dropout"
     )
     return norm, dropout

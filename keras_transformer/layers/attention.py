@@ -3,6 +3,8 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.layers.dropout import Dropout
+
 # Sec. 3.2.3: illegal connections are set to -inf before the softmax. The
 # softmax runs in float32 (also under mixed precision), so a large finite
 # number is safe: it never overflows a float16/bfloat16 tensor.
@@ -140,7 +142,7 @@ class MultiHeadAttention(keras.layers.Layer):
             "attention_output",
             (None, None, self.num_heads, self.value_dim),
         )
-        self._dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self._dropout_layer = Dropout(self.dropout, dtype=self.dtype_policy)
 
     def project_key_value(self, value, key=None):
         """Keys `(B, S, h, d_k)` and values `(B, S, h, d_v)` of a sequence.
