@@ -22,10 +22,14 @@ import argparse
 import json
 import os
 import platform
+import resource
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# As train.py: TensorFlow's BFC allocator keeps freed CPU buffers for the next step
+# (set TF_CPU_ALLOCATOR_USE_BFC=false to measure without it).
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 
 def forward_flops(config, batch_size, source_length, target_length):
@@ -208,6 +212,8 @@ def main():
         "vocab_size": args.vocab_size,
         "tokens_per_batch": args.batch_size * args.length,
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor()},
+        "tf_cpu_allocator_use_bfc": os.environ["TF_CPU_ALLOCATOR_USE_BFC"],
+        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "matmul_peak_flops": {k: round(v) for k, v in peaks.items()},
         "results": results,
     }, indent=2))
