@@ -21,7 +21,7 @@ def random_bits(shape, seed):
     """uint32 random bits of `shape`: a hash of each element's index and a seed.
 
     Args:
-        shape: the output shape (at most 2^32 elements).
+        shape: the output shape (fewer than 2^31 elements).
         seed: an integer tensor of two words, e.g. `SeedGenerator.next()`.
 
     Returns:
