@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers.dropout import Dropout
+from keras_transformer.layers.dropout import check_rate
 
 
 class TransformerBlock(keras.layers.Layer):
@@ -76,8 +77,3 @@ def head_dims(d_model, num_heads, key_dim, value_dim):
             f"given. Received: d_model={d_model}, num_heads={num_heads}"
         )
     return key_dim or d_model // num_heads, value_dim or d_model // num_heads
-
-
-def check_rate(dropout_rate):
-    if not 0.0 <= dropout_rate < 1.0:
-        raise ValueError(f"dropout_rate must be in [0, 1). Received: dropout_rate={dropout_rate}")

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers.dropout import Dropout
+from keras_transformer.layers.dropout import check_rate
 
 # Sec. 3.2.3: illegal connections are set to -inf before the softmax. The
 # softmax runs in float32 (also under mixed precision), so a large finite
@@ -113,8 +114,7 @@ class MultiHeadAttention(keras.layers.Layer):
             raise ValueError(f"key_dim must be >= 1. Received: key_dim={key_dim}")
         if value_dim is not None and value_dim < 1:
             raise ValueError(f"value_dim must be >= 1. Received: value_dim={value_dim}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
+        check_rate(dropout, "dropout")
         self.num_heads = num_heads
         self.key_dim = key_dim
         self.value_dim = value_dim or key_dim

@@ -1,20 +1,27 @@
 import keras
 from keras import ops
 
-# Two rounds of the "lowbias32" integer hash (C. Wellons, 2018: x ^= x >> 16;
-# x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16), whose output
-# bits each flip with probability ~1/2 when any input bit flips.
-_MULTIPLIERS = (0x7FEB352D, 0x846CA68B)
-_SHIFTS = (16, 15, 16)
 _GOLDEN = 0x9E3779B9  # 2^32 / golden ratio, spreads a seed word over all bits
 
 
+def check_rate(value, name="dropout_rate"):
+    """Raises a ValueError naming `name` unless `value` is a dropout rate in [0, 1)."""
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1). Received: {name}={value}")
+
+
+def _uint32(value):
+    return ops.cast(value, "uint32")
+
+
 def _mix(x):
-    for shift, multiplier in zip(_SHIFTS, _MULTIPLIERS + (None,)):
-        x = ops.bitwise_xor(x, ops.right_shift(x, ops.cast(shift, "uint32")))
-        if multiplier is not None:
-            x = ops.multiply(x, ops.cast(multiplier, "uint32"))
-    return x
+    """The "lowbias32" integer hash (C. Wellons, 2018) of uint32 `x`: each output
+    bit flips with probability ~1/2 when any input bit flips."""
+    x = ops.bitwise_xor(x, ops.right_shift(x, _uint32(16)))
+    x = ops.multiply(x, _uint32(0x7FEB352D))
+    x = ops.bitwise_xor(x, ops.right_shift(x, _uint32(15)))
+    x = ops.multiply(x, _uint32(0x846CA68B))
+    return ops.bitwise_xor(x, ops.right_shift(x, _uint32(16)))
 
 
 def random_bits(shape, seed):
@@ -27,12 +34,12 @@ def random_bits(shape, seed):
     Returns:
         uint32 tensor of `shape`; each seed gives another, reproducible, stream.
     """
-    seed = ops.cast(seed, "uint32")
+    seed = _uint32(seed)
     # Mix the two seed words into two keys, then the index with both keys.
-    key0 = _mix(ops.add(seed[0], ops.cast(_GOLDEN, "uint32")))
-    key1 = _mix(ops.bitwise_xor(ops.multiply(seed[1], ops.cast(_GOLDEN, "uint32")), key0))
+    key0 = _mix(ops.add(seed[0], _uint32(_GOLDEN)))
+    key1 = _mix(ops.bitwise_xor(ops.multiply(seed[1], _uint32(_GOLDEN)), key0))
     count = ops.prod(ops.convert_to_tensor(shape))
-    index = ops.cast(ops.arange(count, dtype="int32"), "uint32")
+    index = _uint32(ops.arange(count, dtype="int32"))
     bits = _mix(ops.add(_mix(ops.bitwise_xor(index, key0)), key1))
     return ops.reshape(bits, shape)
 
@@ -69,8 +76,7 @@ class Dropout(keras.layers.Layer):
 
     def __init__(self, rate, seed=None, **kwargs):
         super().__init__(**kwargs)
-        if not 0.0 <= rate < 1.0:
-            raise ValueError(f"rate must be in [0, 1). Received: rate={rate}")
+        check_rate(rate, "rate")
         self.rate = rate
         self.seed = seed
         if rate > 0:
@@ -82,7 +88,7 @@ class Dropout(keras.layers.Layer):
         if not training or self.rate == 0:
             return inputs
         bits = random_bits(ops.shape(inputs), self.seed_generator.next())
-        keep = ops.greater_equal(bits, ops.cast(round(self.rate * 2**32), "uint32"))
+        keep = ops.greater_equal(bits, _uint32(round(self.rate * 2**32)))
         scale = ops.cast(1.0 / (1.0 - self.rate), inputs.dtype)
         return ops.where(keep, ops.multiply(inputs, scale), ops.zeros_like(inputs))
 
