@@ -3,6 +3,7 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.layers._matmul import dense
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.dropout import check_rate
 
@@ -18,7 +19,7 @@ class _Projection(keras.layers.EinsumDense):
     TensorFlow runs `abc,cde->abde` as a batch matmul that broadcasts the kernel
     over the batch; its kernel gradient is then a `(B, d, h * d_k)` batch of
     products summed afterwards (for the base model, 64 x 1 MiB written and read per
-    projection). `tensordot` over the last `contracted` input axes reshapes to
+    projection). `dense` over the last `contracted` input axes reshapes to
     `(B * T, d) x (d, h * d_k)`, whose kernel gradient is one matrix multiply. Same
     weights and results as `EinsumDense`; its LoRA and quantization paths are unused.
     """
@@ -28,8 +29,7 @@ class _Projection(keras.layers.EinsumDense):
         self.contracted = contracted
 
     def call(self, inputs, training=None):
-        x = ops.tensordot(inputs, self.kernel, axes=self.contracted)
-        return x if self.bias is None else ops.add(x, self.bias)
+        return dense(inputs, self.kernel, self.bias, self.contracted)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

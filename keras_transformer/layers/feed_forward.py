@@ -1,5 +1,7 @@
 import keras
 
+from keras_transformer.layers._matmul import dense
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class PositionwiseFeedForward(keras.layers.Layer):
@@ -53,7 +55,10 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self._output_dense.build(tuple(inputs_shape[:-1]) + (self.d_ff,))
 
     def call(self, inputs):
-        return self._output_dense(self._inner_dense(inputs))
+        # The Dense layers hold the weights; `dense` runs them (see _matmul.py).
+        inner, output = self._inner_dense, self._output_dense
+        hidden = self.activation(dense(inputs, inner.kernel, inner.bias))
+        return dense(hidden, output.kernel, output.bias)
 
     def get_config(self):
         config = super().get_config()

@@ -1,0 +1,93 @@
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer.layers import _matmul
+
+
+def _weights(rng, input_shape, kernel_shape):
+    x = rng.standard_normal(input_shape).astype("float32")
+    kernel = rng.standard_normal(kernel_shape).astype("float32")
+    bias = rng.standard_normal(kernel_shape[-1:]).astype("float32")
+    return x, kernel, bias
+
+
+@pytest.mark.parametrize("contracted", [1, 2])
+def test_dense_is_tensordot_plus_bias(contracted):
+    rng = np.random.default_rng(0)
+    x, kernel, _ = _weights(rng, (2, 3, 4, 5), (4, 5, 6)[2 - contracted:])
+    bias = rng.standard_normal(kernel.shape[contracted:]).astype("float32")
+    expected = np.tensordot(x, kernel, axes=contracted) + bias
+    np.testing.assert_allclose(_matmul.dense(x, kernel, bias, contracted), expected,
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_matmul.dense(x, kernel, None, contracted),
+                               expected - bias, rtol=1e-5, atol=1e-5)
+
+
+def _gradients(x, kernel, bias, upstream, jit_compile):
+    @tf.function(jit_compile=jit_compile)
+    def gradients(x, kernel, bias, upstream):
+        with tf.GradientTape() as tape:
+            tape.watch([x, kernel, bias])
+            loss = tf.reduce_sum(_matmul.dense(x, kernel, bias) * upstream)
+        return tape.gradient(loss, [x, kernel, bias])
+
+    return gradients, [g.numpy() for g in gradients(x, kernel, bias, upstream)]
+
+
+# Both ways of writing the transpose: a narrow kernel (m > n) and a wide one.
+@pytest.mark.parametrize("input_size,output_size", [(24, 8), (8, 24)])
+def test_gradient_under_xla_equals_closed_form(input_size, output_size):
+    rng = np.random.default_rng(1)
+    x, kernel, bias = _weights(rng, (3, 10, input_size), (input_size, output_size))
+    upstream = rng.standard_normal((3, 10, output_size)).astype("float32")
+    rows, dy = x.reshape(-1, input_size).astype("float64"), upstream.reshape(-1, output_size)
+    expected = [(dy @ kernel.T).reshape(x.shape), rows.T @ dy, dy.sum(axis=0)]
+    for jit_compile in (True, False):
+        _, actual = _gradients(x, kernel, bias, upstream, jit_compile)
+        for a, e in zip(actual, expected):
+            np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-4)
+
+
+def _plain_product(dot):
+    """Whether an HLO dot multiplies row-major operands as stored, `(m, k) x (k, n)`.
+
+    A column-major result `C` is computed as the row-major `C^T = rhs^T lhs^T`, so
+    there the operands swap roles.
+    """
+    lhs = re.search(r"lhs_contracting_dims=\{(\d+)\}", dot).group(1)
+    rhs = re.search(r"rhs_contracting_dims=\{(\d+)\}", dot).group(1)
+    column_major = re.search(r"\]\{0,1\} dot\(", dot) is not None
+    return (lhs, rhs) == (("0", "1") if column_major else ("1", "0"))
+
+
+@pytest.mark.parametrize("input_size,output_size", [(96, 32), (32, 96)])
+def test_xla_kernel_gradient_multiplies_plain_operands(input_size, output_size):
+    """The point of the module: the kernel gradient is no transposed-operand dot."""
+    rng = np.random.default_rng(2)
+    x, kernel, bias = _weights(rng, (4, 64, input_size), (input_size, output_size))
+    upstream = rng.standard_normal((4, 64, output_size)).astype("float32")
+    function, _ = _gradients(x, kernel, bias, upstream, jit_compile=True)
+    hlo = function.experimental_get_compiler_ir(x, kernel, bias, upstream)(
+        stage="optimized_hlo")
+    kernel_shapes = (f"[{input_size},{output_size}]", f"[{output_size},{input_size}]")
+    dots = [line for line in hlo.splitlines()
+            if " dot(" in line and line.split(" dot(")[0].split("=")[1].strip()[3:].startswith(
+                kernel_shapes)]
+    assert len(dots) == 1, hlo
+    assert _plain_product(dots[0]), dots[0]
+
+
+def test_custom_gradient_only_under_xla():
+    seen = {}
+
+    def probe(tag):
+        seen[tag] = _matmul._under_xla_on_cpu()
+        return tf.constant(0.0)
+
+    tf.function(lambda: probe("xla"), jit_compile=True)()
+    tf.function(lambda: probe("graph"))()
+    probe("eager")
+    assert seen == {"xla": True, "graph": False, "eager": False}
