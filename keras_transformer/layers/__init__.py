@@ -1,4 +1,5 @@
-"""Keras layers of the Transformer; keras only, never imports the model or data."""
+"""Keras layers of the Transformer; never imports the model or data. Keras only, but
+for _matmul.py, whose kernel gradient under XLA on a CPU is TensorFlow's."""
 
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.decoder_layer import TransformerDecoderLayer
