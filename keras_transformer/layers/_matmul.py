@@ -53,17 +53,14 @@ def _under_xla_on_cpu():
     return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
 
 
+@tf.custom_gradient
 def _xla_cpu_matmul(x, w):
     """`x w` whose kernel gradient multiplies a materialized transpose (see above)."""
 
-    @tf.custom_gradient
-    def matmul(x, w):
-        def gradient(upstream):
-            return tf.matmul(upstream, w, transpose_b=True), _transposed_product(x, upstream)
+    def gradient(upstream):
+        return tf.matmul(upstream, w, transpose_b=True), _transposed_product(x, upstream)
 
-        return tf.matmul(x, w), gradient
-
-    return matmul(x, w)
+    return tf.matmul(x, w), gradient
 
 
 def _transposed_product(a, b):

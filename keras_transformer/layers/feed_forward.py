@@ -37,10 +37,9 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.bias_initializer = keras.initializers.get(bias_initializer)
 
     def build(self, inputs_shape):
-        def dense(units, activation, name):
+        def dense_layer(units, name):
             return keras.layers.Dense(
                 units,
-                activation=activation,
                 kernel_initializer=self.kernel_initializer.__class__.from_config(
                     self.kernel_initializer.get_config()
                 ),
@@ -49,9 +48,9 @@ class PositionwiseFeedForward(keras.layers.Layer):
                 name=name,
             )
 
-        self._inner_dense = dense(self.d_ff, self.activation, "inner")
+        self._inner_dense = dense_layer(self.d_ff, "inner")
         self._inner_dense.build(inputs_shape)
-        self._output_dense = dense(inputs_shape[-1], None, "output")
+        self._output_dense = dense_layer(inputs_shape[-1], "output")
         self._output_dense.build(tuple(inputs_shape[:-1]) + (self.d_ff,))
 
     def call(self, inputs):

@@ -72,10 +72,10 @@ def test_xla_kernel_gradient_multiplies_plain_operands(input_size, output_size):
     function, _ = _gradients(x, kernel, bias, upstream, jit_compile=True)
     hlo = function.experimental_get_compiler_ir(x, kernel, bias, upstream)(
         stage="optimized_hlo")
-    kernel_shapes = (f"[{input_size},{output_size}]", f"[{output_size},{input_size}]")
+    kernel_shapes = {f"[{input_size},{output_size}]", f"[{output_size},{input_size}]"}
     dots = [line for line in hlo.splitlines()
-            if " dot(" in line and line.split(" dot(")[0].split("=")[1].strip()[3:].startswith(
-                kernel_shapes)]
+            if (match := re.search(r"= f32(\[\d+,\d+\])\S* dot\(", line))
+            and match.group(1) in kernel_shapes]
     assert len(dots) == 1, hlo
     assert _plain_product(dots[0]), dots[0]
 
