@@ -5,7 +5,12 @@ TensorFlow, and `--help` or a bad flag should answer at once.
 """
 
 import argparse
+import atexit
 import os
+import re
+import sys
+import threading
+import warnings
 
 # TensorFlow's C++ start-up logs drown the output; TF_CPP_MIN_LOG_LEVEL=0 brings them back.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -22,3 +27,51 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+
+# Lines that TensorFlow's and sentencepiece's C++ code writes to stderr whatever
+# TF_CPP_MIN_LOG_LEVEL says (absl's messages before its log is initialized, CUDA
+# probes on a CPU-only machine, oneDNN notices, sentencepiece's LOG(INFO)).
+_LIBRARY_LOG_LINE = re.compile(
+    rb"^(?:[IWE]\d{4} [\d:.]+ +\d+ [\w.+-]+:\d+\]"
+    rb"|WARNING: All log messages before absl::InitializeLog\(\) is called"
+    rb"|[\w.+-]+\(\d+\) LOG\(INFO\) )"
+)
+# Python warnings a user of the command lines cannot act on.
+_UNACTIONABLE_WARNINGS = (
+    r"`shuffle=True` was passed, but will be ignored",  # our batches come shuffled
+    r"Your input ran out of data",  # the finite dev set ends each evaluation
+)
+
+
+def quiet_libraries():
+    """Keeps the libraries' own log lines and unactionable warnings off stderr.
+
+    C++ code writes to file descriptor 2 directly, so the descriptor is redirected
+    to a pipe whose reader passes on every line but the libraries' log lines
+    (`_LIBRARY_LOG_LINE`); child processes inherit the filter. The command lines'
+    `--verbose` skips this.
+    """
+    for message in _UNACTIONABLE_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    original = os.dup(2)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def forward():
+        with os.fdopen(read_end, "rb") as lines:
+            for line in lines:
+                if not _LIBRARY_LOG_LINE.match(line):
+                    os.write(original, line)
+
+    thread = threading.Thread(target=forward, name="stderr-filter", daemon=True)
+    thread.start()
+
+    def restore():
+        sys.stderr.flush()
+        os.dup2(original, 2)  # closes the pipe's last write end: the reader ends
+        thread.join(timeout=5)
+
+    atexit.register(restore)

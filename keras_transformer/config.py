@@ -11,6 +11,11 @@ import json
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned")
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+TIME_BUDGET_CLOCKS = ("wall", "cpu")
+# TrainingConfig.model "auto": the CPU preset for the time budget, by the budget's
+# CPU-minutes (wall-clock minutes count once per core the process may use).
+AUTO_MODEL = "auto"
+_CPU_RECIPES = ((10.0, "cpu-small"), (60.0, "cpu-medium"), (float("inf"), "cpu-large"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +204,11 @@ _PRESETS = {
     "d_ls0.2": dict(label_smoothing=0.2),
     # (E) learned positional embeddings instead of sinusoids.
     "e_learned": dict(positional_encoding="learned"),
+    # Measured on 2 CPU cores for the best BLEU per CPU-minute (README, "Recipes"):
+    # cpu-small for about 5-10 CPU-minutes, cpu-medium about 20-60, cpu-large 120+.
+    "cpu-small": dict(num_layers=1, d_model=256, d_ff=1024, num_heads=4),
+    "cpu-medium": dict(num_layers=2, d_model=256, d_ff=1024, num_heads=4),
+    "cpu-large": dict(num_layers=3, d_model=256, d_ff=1024, num_heads=4),
 }
 
 
@@ -206,18 +216,28 @@ _PRESETS = {
 class TrainingConfig:
     """Training settings; `train.py`'s flags are these fields.
 
-    The defaults train the tiny model on the bundled corpus in minutes on a
-    laptop CPU. `TrainingConfig.paper()` gives the paper's recipe (Sec. 5).
+    The defaults suit a CPU: the bundled corpus, a model picked for the time
+    budget, XLA. `TrainingConfig.paper()` gives the paper's recipe (Sec. 5).
 
     Args:
         data: "bundled", "tfds:NAME[/CONFIG]", a tab-separated file, or
             "SOURCE_FILE,TARGET_FILE"; file paths may hold "{split}" (train,
             dev, test).
         source_language, target_language: language keys for "bundled" and TFDS.
-        model: a `TransformerConfig` preset name (tiny, base, big, Table 3 rows).
+        model: a `TransformerConfig` preset name (cpu-small, cpu-medium,
+            cpu-large, base, big, Table 3 rows, tiny), or "auto": the CPU preset
+            for `time_budget` (see `model_preset`), cpu-small without one.
         vocab_size: size of the shared subword vocabulary (paper: 37000).
         vocab_sentences: at most this many sentences train the vocabulary.
-        steps: optimizer steps in all (paper: 100K base, 300K big).
+        steps: optimizer steps in all (paper: 100K base, 300K big); any
+            positive number: the last checkpoint is written at the last step.
+            With a time budget, the most steps to train.
+        time_budget: minutes to train (0: no limit). Training stops at the
+            first checkpoint after the budget is spent; the checkpoint interval
+            and warm-up are planned for the steps the budget allows, measured
+            from the first steps.
+        time_budget_clock: "wall" (elapsed time) or "cpu" (the process's CPU
+            time, as the quality benchmark counts it).
         tokens_per_batch: source and target token budget of a batch, per
             replica (paper: about 25000 per step in all).
         max_length: longest sequence trained on, in tokens; longer pairs are
@@ -225,7 +245,7 @@ class TrainingConfig:
         warmup_steps: of the learning-rate schedule (paper: 4000).
         learning_rate_scale: constant factor on the schedule (paper: 1).
         checkpoint_every: steps between checkpoints, dev-loss evaluations and
-            log lines.
+            log lines (planned from the budget when there is one).
         keep_checkpoints: checkpoints kept on disk.
         average_last: checkpoints averaged into the final weights (paper: 5
             base, 20 big).
@@ -236,21 +256,24 @@ class TrainingConfig:
             final evaluation).
         strategy: "auto", "one_device", "mirrored", "multi_worker" or "tpu".
         precision: "float32", "mixed_float16" or "mixed_bfloat16".
-        jit_compile: compile the training step with XLA.
+        jit_compile: compile the training step with XLA (about 2x faster
+            steps for small models on a CPU).
         seed: seeds weights, dropout and shuffling.
     """
 
     data: str = "bundled"
     source_language: str | None = None
     target_language: str | None = None
-    model: str = "tiny"
-    vocab_size: int = 4000
+    model: str = AUTO_MODEL
+    vocab_size: int = 8000
     vocab_sentences: int = 200_000
     steps: int = 1000
-    tokens_per_batch: int = 2048
+    time_budget: float = 0.0
+    time_budget_clock: str = "wall"
+    tokens_per_batch: int = 4096
     max_length: int = 128
     warmup_steps: int = 500
-    learning_rate_scale: float = 2.0
+    learning_rate_scale: float = 1.0
     checkpoint_every: int = 250
     keep_checkpoints: int = 5
     average_last: int = 5
@@ -259,7 +282,7 @@ class TrainingConfig:
     test_sentences: int = 500
     strategy: str = "auto"
     precision: str = "float32"
-    jit_compile: bool = False
+    jit_compile: bool = True
     seed: int = 0
 
     def __post_init__(self):
@@ -269,16 +292,14 @@ class TrainingConfig:
         for name in positive:
             value = getattr(self, name)
             _require(name, value, value >= 1, "must be >= 1", "TrainingConfig")
-        for name in ("bleu_every", "test_sentences", "seed"):
+        for name in ("bleu_every", "test_sentences", "seed", "time_budget"):
             value = getattr(self, name)
             _require(name, value, value >= 0, "must be >= 0", "TrainingConfig")
         _require("learning_rate_scale", self.learning_rate_scale,
                  self.learning_rate_scale > 0, "must be > 0", "TrainingConfig")
-        _require("model", self.model, self.model in _PRESETS,
-                 f"must be one of {', '.join(_PRESETS)}", "TrainingConfig")
-        _require("steps", self.steps, self.steps % self.checkpoint_every == 0,
-                 f"must be a multiple of checkpoint_every ({self.checkpoint_every})",
-                 "TrainingConfig")
+        models = (AUTO_MODEL, *_PRESETS)
+        _require("model", self.model, self.model in models,
+                 f"must be one of {', '.join(models)}", "TrainingConfig")
         _require("bleu_every", self.bleu_every, self.bleu_every % self.checkpoint_every == 0,
                  f"must be a multiple of checkpoint_every ({self.checkpoint_every})",
                  "TrainingConfig")
@@ -288,6 +309,18 @@ class TrainingConfig:
                  f"must be {_one_of(STRATEGIES)}", "TrainingConfig")
         _require("precision", self.precision, self.precision in PRECISIONS,
                  f"must be {_one_of(PRECISIONS)}", "TrainingConfig")
+        _require("time_budget_clock", self.time_budget_clock,
+                 self.time_budget_clock in TIME_BUDGET_CLOCKS,
+                 f"must be {_one_of(TIME_BUDGET_CLOCKS)}", "TrainingConfig")
+
+    def model_preset(self, cores=1):
+        """The `TransformerConfig` preset to train: `model`, or for "auto" the CPU
+        recipe for the time budget (cpu-small without one). A wall-clock budget
+        counts `cores` CPU-minutes a minute."""
+        if self.model != AUTO_MODEL:
+            return self.model
+        cpu_minutes = self.time_budget * (cores if self.time_budget_clock == "wall" else 1)
+        return next(name for limit, name in _CPU_RECIPES if cpu_minutes <= limit)
 
     @classmethod
     def paper(cls, model="base", **overrides):

@@ -18,7 +18,9 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     Args:
         d_model: the model width.
-        warmup_steps: the paper's 4000.
+        warmup_steps: the paper's 4000; a number, or a `keras.Variable` that the
+            schedule reads at every step (so that a run can plan its warm-up
+            after it has started, as `train.py --time-budget` does).
         scale: a constant factor (1.0 in the paper).
 
     Example:
@@ -29,8 +31,10 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     def __init__(self, d_model, warmup_steps=4000, scale=1.0):
         if d_model < 1:
             raise ValueError(f"d_model must be >= 1. Received: d_model={d_model}")
-        if warmup_steps < 1:
-            raise ValueError(f"warmup_steps must be >= 1. Received: warmup_steps={warmup_steps}")
+        if _value(warmup_steps) < 1:
+            raise ValueError(
+                f"warmup_steps must be >= 1. Received: warmup_steps={_value(warmup_steps)}"
+            )
         if scale <= 0:
             raise ValueError(f"scale must be > 0. Received: scale={scale}")
         self.d_model = d_model
@@ -44,7 +48,15 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return self.scale * self.d_model**-0.5 * rate
 
     def get_config(self):
-        return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale}
+        return {"d_model": self.d_model, "warmup_steps": _value(self.warmup_steps),
+                "scale": self.scale}
+
+
+def _value(warmup_steps):
+    """A warm-up length as a Python number, also when it is held by a variable."""
+    if isinstance(warmup_steps, keras.Variable):
+        return float(keras.ops.convert_to_numpy(warmup_steps))
+    return warmup_steps
 
 
 def transformer_optimizer(d_model, warmup_steps=4000, scale=1.0):

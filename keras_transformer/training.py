@@ -4,10 +4,14 @@
 scripts use them directly (see the README).
 """
 
+import dataclasses
 import glob
 import json
+import math
 import os
 import re
+import sys
+import time
 
 import keras
 import numpy as np
@@ -237,6 +241,136 @@ def same_on_all_workers(strategy, value):
     # n * sum(x^2) == sum(x)^2 only when all n values are equal (Cauchy-Schwarz),
     # and every worker computes the same answer, so all of them stop or go on.
     return strategy.num_replicas_in_sync * total[1] == total[0] ** 2
+
+
+# Time budget -----------------------------------------------------------------
+
+CLOCKS = {"wall": time.monotonic, "cpu": time.process_time}
+# A budgeted run averages its checkpoints over this last fraction of its steps, and
+# warms up over this first fraction (README, "Recipes": measured on two corpora).
+PLANNED_AVERAGE_SPAN = 0.25
+PLANNED_WARMUP_FRACTION = 0.2
+
+
+class TrainingClock(keras.callbacks.Callback):
+    """Times a run on one clock and, with a budget, stops it at the first epoch end
+    past the budget; adds `step`, `cpu_seconds` and `elapsed_seconds` (since
+    `start`, default now) to the epoch logs, and times each step for `plan`.
+
+    Args:
+        budget_seconds: stop once the clock has run this long since `start`
+            (None: never).
+        clock: "wall" (elapsed time) or "cpu" (the process's CPU time, all its
+            threads).
+        start: the clock's reading that the budget counts from (`time.monotonic()`
+            or `time.process_time()` at the program's start: graph building, XLA
+            compilation and the vocabulary count too).
+    """
+
+    def __init__(self, budget_seconds=None, clock="wall", start=None, wall_start=None):
+        super().__init__()
+        if clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {sorted(CLOCKS)}. Received: clock={clock!r}")
+        self.read = CLOCKS[clock]
+        self.budget_seconds = budget_seconds
+        self.start = self.read() if start is None else start
+        self.wall_start = time.monotonic() if wall_start is None else wall_start
+        self.step_seconds = []
+        self._step_start = None
+
+    def elapsed(self):
+        return self.read() - self.start
+
+    def over_budget(self):
+        return self.budget_seconds is not None and self.elapsed() >= self.budget_seconds
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._step_start = self.read()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step_seconds.append(self.read() - self._step_start)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["step"] = int(self.model.optimizer.iterations.numpy())
+            logs["cpu_seconds"] = round(time.process_time(), 2)
+            logs["elapsed_seconds"] = round(time.monotonic() - self.wall_start, 2)
+        if self.over_budget():
+            self.model.stop_training = True
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetPlan:
+    """What a time budget allows: `steps` expected in all, the checkpoint interval
+    (`average_last` checkpoints span the last `PLANNED_AVERAGE_SPAN` of the
+    steps) and the warm-up (the first `PLANNED_WARMUP_FRACTION`)."""
+
+    steps: int
+    checkpoint_every: int
+    warmup_steps: int
+
+
+def plan_for_budget(step, step_seconds, seconds_left, average_last, max_steps=None):
+    """Plans a budgeted run from the times of its first steps.
+
+    Args:
+        step: the steps done so far.
+        step_seconds: the measured times of those steps. The first one builds
+            the graph and is left out; the others count, compilations for new
+            batch shapes included, since more of those come.
+        seconds_left: the budget left.
+        average_last: the checkpoints averaged at the end.
+        max_steps: optional cap on the steps in all.
+
+    Returns:
+        A `BudgetPlan`.
+    """
+    if not step_seconds:
+        raise ValueError("plan_for_budget needs the times of at least one step")
+    per_step = max(float(np.mean(step_seconds[1:] or step_seconds)), 1e-6)
+    steps = step + max(1, int(seconds_left / per_step))
+    if max_steps is not None:
+        steps = min(steps, max_steps)
+    checkpoint_every = max(1, math.ceil(steps * PLANNED_AVERAGE_SPAN / average_last))
+    warmup_steps = max(1, round(steps * PLANNED_WARMUP_FRACTION))
+    return BudgetPlan(steps, checkpoint_every, warmup_steps)
+
+
+class ProgressLine(keras.callbacks.Callback):
+    """One line per epoch (checkpoint interval) for a person: the step, the
+    training and dev loss, the learning rate and the time so far.
+
+    Args:
+        steps: the steps planned in all (shown as "step 250/1000").
+        clock: the run's `TrainingClock`, for the time and the budget.
+        stream: where to print (stdout).
+    """
+
+    def __init__(self, steps, clock, stream=None):
+        super().__init__()
+        self.steps = steps
+        self.clock = clock
+        self.stream = stream or sys.stdout
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        parts = [f"step {int(self.model.optimizer.iterations.numpy())}/{self.steps}"]
+        for key, label in (("loss", "loss"), ("val_loss", "dev loss"), ("bleu", "dev BLEU"),
+                           ("token_accuracy", "accuracy")):
+            if key in logs:
+                parts.append(f"{label} {logs[key]:.3f}" if key != "bleu"
+                             else f"{label} {logs[key]:.1f}")
+        if "learning_rate" in logs:
+            parts.append(f"lr {logs['learning_rate']:.2e}")
+        elapsed = _minutes(self.clock.elapsed())
+        budget = self.clock.budget_seconds
+        parts.append(f"{elapsed} of {_minutes(budget)}" if budget else elapsed)
+        print("  ".join(parts), file=self.stream, flush=True)
+
+
+def _minutes(seconds):
+    seconds = int(round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
 
 
 # Logging -------------------------------------------------------------------

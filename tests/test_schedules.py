@@ -1,6 +1,7 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from keras_transformer import TransformerSchedule
 from keras_transformer import transformer_optimizer
@@ -33,3 +34,18 @@ def test_optimizer_uses_the_papers_adam_settings():
     optimizer = transformer_optimizer(d_model=512)
     assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
     np.testing.assert_allclose(float(optimizer.learning_rate), paper_rate(1), rtol=1e-6)
+
+
+def test_schedule_reads_a_variable_warmup_at_every_step():
+    """train.py --time-budget plans the warm-up after the train step is traced."""
+    warmup = keras.Variable(4000.0, trainable=False)
+    schedule = TransformerSchedule(d_model=512, warmup_steps=warmup)
+    compiled = tf.function(schedule, jit_compile=True)
+    np.testing.assert_allclose(float(compiled(9)), paper_rate(10), rtol=1e-6)
+    warmup.assign(50.0)
+    for step_num in (10, 50, 400):
+        np.testing.assert_allclose(float(compiled(step_num - 1)),
+                                   paper_rate(step_num, warmup_steps=50), rtol=1e-6)
+    assert schedule.get_config()["warmup_steps"] == 50.0
+    with pytest.raises(ValueError, match="warmup_steps=0.0"):
+        TransformerSchedule(512, warmup_steps=keras.Variable(0.0, trainable=False))

@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,10 @@ import numpy as np
 import pytest
 
 import keras_transformer  # noqa: F401  (registers the classes model.keras holds)
+import train
+from keras_transformer import training
+from keras_transformer.config import TrainingConfig
+from keras_transformer.config import TransformerConfig
 from keras_transformer.training import list_checkpoints
 from tests.test_distributed import free_ports
 
@@ -35,19 +40,133 @@ def _train(args, wait=True, capture=False, **environment):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--steps", "many"], "argument --steps: invalid int value: 'many'"),
         (["--strategy", "gpu8"], "strategy must be auto, one_device"),
-        (["--model", "huge"], "model must be one of tiny, base"),
+        (["--model", "huge"], "model must be one of auto, tiny, base"),
         (["--data", "nowhere/{split}.en,nowhere/{split}.es"], "nowhere/train.en"),
         (["--data", "corpus.en,corpus.es"], "need a '{split}' placeholder"),
+        (["--d-model", "256", "--num-heads", "3"], "d_model=256, num_heads=3"),
+        (["--num-layers", "0"], "num_layers must be >= 1. Received: num_layers=0"),
+        (["--dropout-rate", "1.5"], "dropout_rate=1.5"),
+        (["--positional-encoding", "rotary"], "positional_encoding='rotary'"),
+        (["--time-budget", "-1"], "time_budget must be >= 0"),
+        (["--time-budget-clock", "sundial"], "time_budget_clock must be wall or cpu"),
+        (["--model-config", "nowhere.json"], "--model-config nowhere.json"),
+        (["--model", "tiny", "--model-config", "nowhere.json"], "give one"),
+        (["--time-budget", "5", "--strategy", "multi_worker"], "give --steps instead"),
     ],
 )
-def test_bad_flags_and_paths_give_one_line(args, message, tmp_path):
-    result = _train([*args, "--out", str(tmp_path / "run")])
+def test_bad_flags_and_paths_give_one_line(args, message, tmp_path, capsys):
+    # In this process (no TensorFlow start-up per case); --verbose keeps stderr as it is.
+    assert train.main([*args, "--out", str(tmp_path / "run"), "--verbose"]) == 2
+    stderr = capsys.readouterr().err
+    lines = [line for line in stderr.splitlines() if line.startswith("train.py")]
+    assert len(lines) == 1 and message in lines[0], stderr
+    assert "Traceback" not in stderr
+    assert not os.path.exists(tmp_path / "run")  # refused before writing anything
+
+
+def test_bad_flag_type_gives_one_line_from_a_quiet_process(tmp_path):
+    """As a user runs it: no TensorFlow start-up lines, one line naming the flag."""
+    result = _train(["--steps", "many", "--out", str(tmp_path / "run")])
     assert result.returncode == 2
-    lines = [line for line in result.stderr.splitlines() if line.startswith("train.py")]
-    assert len(lines) == 1 and message in lines[0], result.stderr
-    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "train.py: argument --steps: invalid int value: 'many' (see --help)"]
+
+
+def test_model_shape_flags_resolve_over_the_preset(tmp_path):
+    args, fields, overrides, explicit = train.parse_args(
+        ["--model", "cpu-medium", "--num-layers", "3", "--norm-first", "--d-ff", "512"])
+    config = TrainingConfig(**fields)
+    resolved = train._model_config(args, config, overrides, None, explicit)
+    preset = TransformerConfig.preset("cpu-medium", vocab_size=config.vocab_size)
+    assert (resolved.num_layers, resolved.norm_first, resolved.d_ff) == (3, True, 512)
+    assert (resolved.d_model, resolved.num_heads) == (preset.d_model, preset.num_heads)
+
+    path = tmp_path / "model.json"
+    path.write_text(TransformerConfig.preset("c_dmodel256", vocab_size=123).to_json())
+    args, fields, overrides, explicit = train.parse_args(
+        ["--model-config", str(path), "--dropout-rate", "0.2"])
+    resolved = train._model_config(args, TrainingConfig(**fields), overrides, None, explicit)
+    assert resolved == TransformerConfig.preset(
+        "c_dmodel256", vocab_size=fields["vocab_size"], max_length=256, dropout_rate=0.2)
+
+
+def test_time_budget_picks_the_cpu_recipe():
+    assert TrainingConfig().model_preset(cores=2) == "cpu-small"
+    assert TrainingConfig(time_budget=4).model_preset(cores=2) == "cpu-small"
+    assert TrainingConfig(time_budget=20, time_budget_clock="cpu").model_preset() == "cpu-medium"
+    assert TrainingConfig(time_budget=20).model_preset(cores=2) == "cpu-medium"
+    assert TrainingConfig(time_budget=120, time_budget_clock="cpu").model_preset() == "cpu-large"
+    assert TrainingConfig(model="base", time_budget=120).model_preset(cores=2) == "base"
+
+
+def test_fit_segments_cover_every_step():
+    assert train._segments(0, 7, 3, 7) == [(2, 3), (1, 1)]
+    assert train._segments(0, 6, 3, 6) == [(2, 3)]
+    assert train._segments(4, 5, 3, 5) == [(1, 1)]
+    assert train._segments(5, 7, 2, 7) == [(1, 1), (1, 1)]  # checkpoints at 6 and 7
+    assert train._segments(4, 11, 3, 11) == [(1, 2), (1, 3), (1, 2)]
+    assert train._segments(6, 6, 3, 6) == []
+    budgeted = train._segments(20, sys.maxsize, 50, 300)
+    assert budgeted[:2] == [(1, 30), (5, 50)] and budgeted[2][1] == 50
+
+
+@pytest.mark.slow
+def test_any_step_count_model_flags_and_resume_checks(tmp_path):
+    run = str(tmp_path / "run")
+    shape = ["--model", "tiny", "--num-layers", "1", "--d-model", "32", "--num-heads", "2",
+             "--d-ff", "64", "--norm-first"]
+    result = _train([*QUICK, *shape, "--steps", "5", "--out", run])
+    assert result.returncode == 0, result.stderr
+    assert [step for step, _ in list_checkpoints(os.path.join(run, "checkpoints"))] == [2, 4, 5]
+    with open(os.path.join(run, "config.json")) as f:
+        saved = json.load(f)
+    assert {k: saved["model"][k] for k in ("num_layers", "d_model", "num_heads", "d_ff",
+                                           "norm_first")} == {
+        "num_layers": 1, "d_model": 32, "num_heads": 2, "d_ff": 64, "norm_first": True}
+    assert "Trained 5 steps" in result.stdout
+    # Nothing but our own lines: no TensorFlow or sentencepiece start-up logs.
+    assert not re.search(r"^[IWE]\d{4} |LOG\(INFO\)|cuInit|oneDNN", result.stderr, re.M), \
+        result.stderr
+
+    other = _train([*QUICK, *shape, "--d-model", "64", "--steps", "7", "--out", run])
+    assert other.returncode == 2
+    assert "holds a model of another shape ({'d_model': 64}" in other.stderr, other.stderr
+
+    longer = _train([*QUICK, *shape, "--steps", "7", "--out", run])
+    assert longer.returncode == 0, longer.stderr
+    assert "Resuming" in longer.stdout
+    assert [step for step, _ in list_checkpoints(os.path.join(run, "checkpoints"))][-2:] == [6, 7]
+
+
+@pytest.mark.slow
+def test_time_budget_plans_and_stops_after_the_budget(tmp_path):
+    run = str(tmp_path / "run")
+    budget_minutes = 1.0
+    # QUICK without the flags that a budget plans: steps, checkpoints and warm-up.
+    pairs = dict(zip(QUICK[::2], QUICK[1::2]))
+    quick = [item for flag, value in pairs.items()
+             if flag not in ("--steps", "--checkpoint-every", "--warmup-steps")
+             for item in (flag, value)]
+    result = _train([*quick, "--model", "tiny", "--time-budget", str(budget_minutes),
+                     "--time-budget-clock", "cpu", "--out", run])
+    assert result.returncode == 0, result.stderr
+    with open(os.path.join(run, "log.csv")) as f:
+        rows = list(csv.DictReader(f))
+    with open(os.path.join(run, "config.json")) as f:
+        config = json.load(f)["training"]
+    cpu = [float(row["cpu_seconds"]) for row in rows]
+    # Stopped at the first checkpoint past the budget, not before and not later.
+    assert cpu[-1] >= budget_minutes * 60 > cpu[-2]
+    planned = re.search(r"Planned about (\d+) steps: a checkpoint every (\d+), warm-up (\d+)",
+                        result.stdout)
+    assert planned, result.stdout
+    steps, every, warmup = map(int, planned.groups())
+    assert every == max(1, -(-steps * training.PLANNED_AVERAGE_SPAN // 2))  # --average-last 2
+    assert warmup == round(steps * training.PLANNED_WARMUP_FRACTION)
+    assert config["checkpoint_every"] == every and config["warmup_steps"] == warmup
+    assert config["steps"] == int(rows[-1]["step"])  # what the run did
+    assert os.path.exists(os.path.join(run, "averaged.weights.h5"))
 
 
 @pytest.mark.slow

@@ -64,3 +64,37 @@ def test_strategy_and_precision_choices():
         training.set_precision("float8")
     training.set_precision("mixed_bfloat16")
     assert keras.config.dtype_policy().name == "mixed_bfloat16"
+
+
+def test_budget_plan_from_the_mean_step():
+    # The first step builds the graph; the mean of the others counts.
+    plan = training.plan_for_budget(step=20, step_seconds=[30.0, 5.0] + [0.5] * 18,
+                                    seconds_left=500.0, average_last=5)
+    steps = 20 + int(500.0 / ((5.0 + 0.5 * 18) / 19))
+    assert plan.steps == steps
+    assert plan.checkpoint_every == math.ceil(steps * training.PLANNED_AVERAGE_SPAN / 5)
+    assert plan.warmup_steps == round(steps * training.PLANNED_WARMUP_FRACTION)
+    capped = training.plan_for_budget(20, [0.5] * 20, 500.0, average_last=5, max_steps=300)
+    assert capped.steps == 300
+    with pytest.raises(ValueError, match="at least one step"):
+        training.plan_for_budget(0, [], 10.0, 5)
+
+
+def test_training_clock_stops_at_the_epoch_end_past_the_budget():
+    now = [100.0]
+    clock = training.TrainingClock(budget_seconds=10.0, clock="cpu", start=100.0)
+    clock.read = lambda: now[0]
+
+    class Model:
+        stop_training = False
+        optimizer = type("Optimizer", (), {"iterations": keras.Variable(7)})()
+
+    clock.set_model(Model())
+    now[0] = 109.0
+    logs = {}
+    clock.on_epoch_end(0, logs)
+    assert not clock.model.stop_training and logs["step"] == 7
+    assert {"cpu_seconds", "elapsed_seconds"} <= set(logs)
+    now[0] = 110.0
+    clock.on_epoch_end(1, {})
+    assert clock.model.stop_training
