@@ -23,7 +23,13 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
-    """Bad flags give one line naming the problem, not the whole usage."""
+    """Bad flags give one line naming the problem, not the whole usage; every
+    command line has --verbose (see `quiet_libraries`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_argument("--verbose", action="store_true", default=False,
+                          help="show TensorFlow's and sentencepiece's own log lines")
 
     def error(self, message):
         self.exit(2, f"{self.prog}: {message} (see --help)\n")
@@ -32,7 +38,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
 # Lines that TensorFlow's and sentencepiece's C++ code writes to stderr whatever
 # TF_CPP_MIN_LOG_LEVEL says (absl's messages before its log is initialized, CUDA
 # probes on a CPU-only machine, oneDNN notices, sentencepiece's LOG(INFO)).
-_LIBRARY_LOG_LINE = re.compile(
+LIBRARY_LOG_LINE = re.compile(
     rb"^(?:[IWE]\d{4} [\d:.]+ +\d+ [\w.+-]+:\d+\]"
     rb"|WARNING: All log messages before absl::InitializeLog\(\) is called"
     rb"|[\w.+-]+\(\d+\) LOG\(INFO\) )"
@@ -49,7 +55,7 @@ def quiet_libraries():
 
     C++ code writes to file descriptor 2 directly, so the descriptor is redirected
     to a pipe whose reader passes on every line but the libraries' log lines
-    (`_LIBRARY_LOG_LINE`); child processes inherit the filter. The command lines'
+    (`LIBRARY_LOG_LINE`); child processes inherit the filter. The command lines'
     `--verbose` skips this.
     """
     for message in _UNACTIONABLE_WARNINGS:
@@ -63,7 +69,7 @@ def quiet_libraries():
     def forward():
         with os.fdopen(read_end, "rb") as lines:
             for line in lines:
-                if not _LIBRARY_LOG_LINE.match(line):
+                if not LIBRARY_LOG_LINE.match(line):
                     os.write(original, line)
 
     thread = threading.Thread(target=forward, name="stderr-filter", daemon=True)

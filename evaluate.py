@@ -17,6 +17,7 @@ import os
 import sys
 
 from cli_common import OneLineErrorParser
+from cli_common import quiet_libraries
 
 
 def parse_args(argv):
@@ -80,6 +81,8 @@ def load_pairs(args):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.verbose:
+        quiet_libraries()
     from keras_transformer import evaluation
 
     try:

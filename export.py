@@ -17,6 +17,7 @@ import os
 import sys
 
 from cli_common import OneLineErrorParser
+from cli_common import quiet_libraries
 
 
 def parse_args(argv):
@@ -66,6 +67,8 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.verbose:
+        quiet_libraries()
     # Imported after the flags are checked: a typo should not wait for TensorFlow.
     from keras_transformer import serving
 

@@ -63,8 +63,6 @@ def parse_args(argv):
         )
         result.add_argument("--out", default="runs/demo", help="the run directory")
         result.add_argument("--tpu", default="", help="TPU name or address (--strategy tpu)")
-        result.add_argument("--verbose", action="store_true",
-                            help="show TensorFlow's and sentencepiece's own log lines")
         add_fields(result, TrainingConfig, defaults)
         model = result.add_argument_group(
             "model shape", "override fields of the --model preset (default: the preset's)")

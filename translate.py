@@ -16,6 +16,7 @@ import os
 import sys
 
 from cli_common import OneLineErrorParser
+from cli_common import quiet_libraries
 
 
 def parse_args(argv):
@@ -57,6 +58,8 @@ def read_lines(path):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.verbose:
+        quiet_libraries()
     from keras_transformer import evaluation
 
     lines = read_lines(args.input)

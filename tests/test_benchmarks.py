@@ -27,3 +27,66 @@ def test_train_throughput_prints_json():
         assert result["target_tokens_per_second"] == pytest.approx(
             128 / result["seconds_per_step"], rel=1e-2)
         assert 0 < result["mfu"] < 1
+
+
+@pytest.mark.slow
+def test_quality_per_compute_prints_json(tmp_path):
+    """Both systems on a small corpus (4000 bundled training pairs, so that the
+    vocabularies leave the budget some training), 40 CPU-seconds each."""
+    import gzip
+
+    import sacrebleu
+
+    from keras_transformer import data
+
+    sizes = {"train": 4000, "dev": 64, "test": 10}
+    for split, size in sizes.items():
+        with gzip.open(tmp_path / f"{split}.tsv.gz", "wt", encoding="utf-8") as f:
+            for pair in data.load_parallel("bundled", split).take(size).as_numpy_iterator():
+                f.write(f"{pair['source'].decode()}\t{pair['target'].decode()}\n")
+    budget = 40
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "quality_per_compute.py"),
+               "--corpus", str(tmp_path / "{split}.tsv.gz"), "--cpu-seconds", str(budget),
+               "--test-pairs", "10", "--out-dir", str(tmp_path / "out")]
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["cpu_seconds_budget"] == budget and report["test_pairs"] == 10
+    assert {"avx512f", "avx512_bf16", "amx"} <= set(report["cpu_flags"])
+    assert os.path.getsize(report["plot"]) > 0
+    references = [pair["target"].decode() for pair in data.load_parallel(
+        str(tmp_path / "{split}.tsv.gz"), "test").as_numpy_iterator()]
+    assert set(report["systems"]) == {"ours", "keras_hub"}
+    for name, system in report["systems"].items():
+        with open(system["hypotheses_file"], encoding="utf-8") as f:
+            hypotheses = f.read().split("\n")[:-1]
+        with open(system["references_file"], encoding="utf-8") as f:
+            assert f.read().split("\n")[:-1] == references
+        assert len(hypotheses) == 10
+        assert system["bleu"] == pytest.approx(
+            sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-9)
+        assert system["bleu_lowercase"] == pytest.approx(
+            sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score, abs=1e-9)
+        assert system["signature"].startswith("nrefs:1|case:mixed|")
+        assert "case:lc" in system["signature_lowercase"]
+        assert [s["hypothesis"] for s in system["samples"]] == hypotheses[:3]
+        curve = system["curve"]
+        seconds = [point["cpu_seconds"] for point in curve]
+        assert seconds == sorted(set(seconds)), (name, seconds)  # increasing
+        assert [point["steps"] for point in curve] == sorted({p["steps"] for p in curve})
+        assert (curve[-1]["cpu_seconds"], curve[-1]["steps"]) == (
+            system["cpu_seconds"], system["steps"])
+        # Training stops only once the budget is spent: at the next batch
+        # (keras_hub) or checkpoint (ours), whose first steps compile.
+        assert budget <= system["cpu_seconds"] < budget + 150, (name, system["cpu_seconds"])
+        assert system["steps"] >= 1
+    keras_hub = report["systems"]["keras_hub"]
+    assert keras_hub["decoding_check"]["agree"] == keras_hub["decoding_check"]["sentences"]
+    # The example outputs lowercase text (and its special tokens but for [UNK] removed).
+    assert all(h == h.lower() for h in
+               (s["hypothesis"].replace("[UNK]", "") for s in keras_hub["samples"]))
+    ours = report["systems"]["ours"]
+    assert ours["config"]["training"]["time_budget_clock"] == "cpu"
+    if keras_hub["bleu"]:
+        assert report["bleu_ratio"] == pytest.approx(ours["bleu"] / keras_hub["bleu"])
