@@ -354,7 +354,8 @@ class ProgressLine(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
-        parts = [f"step {int(self.model.optimizer.iterations.numpy())}/{self.steps}"]
+        step = int(self.model.optimizer.iterations.numpy())
+        parts = [f"step {step}/{self.steps}" if step <= self.steps else f"step {step}"]
         for key, label in (("loss", "loss"), ("val_loss", "dev loss"), ("bleu", "dev BLEU"),
                            ("token_accuracy", "accuracy")):
             if key in logs:
