@@ -120,6 +120,26 @@ def package_version(package):
         return "unknown"
 
 
+def write_splits(output_dir, rows):
+    """Writes `rows[split]` (TSV lines) to `output_dir/{split}.tsv.gz`, byte for byte
+    reproducibly; returns the manifest's `files` entry."""
+    os.makedirs(output_dir, exist_ok=True)
+    files = {}
+    for split in ("train", "dev", "test"):
+        name = f"{split}.tsv.gz"
+        data = "".join(rows[split]).encode("utf-8")
+        # mtime=0 and no file name in the header keep the bytes reproducible.
+        with open(os.path.join(output_dir, name), "wb") as raw, gzip.GzipFile(
+            filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9
+        ) as compressed:
+            compressed.write(data)
+        files[name] = {
+            "pairs": len(rows[split]),
+            "sha256_uncompressed": hashlib.sha256(data).hexdigest(),
+        }
+    return files
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -156,21 +176,7 @@ def main():
     for split in ("train", "dev", "test"):
         counts[f"pairs_{split}"] = len(rows[split])
 
-    os.makedirs(args.output_dir, exist_ok=True)
-    files = {}
-    for split in ("train", "dev", "test"):
-        name = f"{split}.tsv.gz"
-        path = os.path.join(args.output_dir, name)
-        data = "".join(rows[split]).encode("utf-8")
-        # mtime=0 and no file name in the header keep the bytes reproducible.
-        with open(path, "wb") as raw, gzip.GzipFile(
-            filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9
-        ) as compressed:
-            compressed.write(data)
-        files[name] = {
-            "pairs": len(rows[split]),
-            "sha256_uncompressed": hashlib.sha256(data).hexdigest(),
-        }
+    files = write_splits(args.output_dir, rows)
     manifest = {
         "name": "bible-en-es",
         "columns": ["en", "es"],

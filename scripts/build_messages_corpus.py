@@ -59,7 +59,6 @@ versions and licenses, the rules, counts, file hashes).
 import argparse
 import collections
 import fnmatch
-import gzip
 import hashlib
 import json
 import os
@@ -70,6 +69,8 @@ import subprocess
 import sys
 import tempfile
 import unicodedata
+
+from build_bundled_corpus import write_splits
 
 # Debian packages whose German catalogs are read, in processing order (sorted). Each
 # ships at least one de/LC_MESSAGES/*.mo (the *-l10n and *-locales packages hold
@@ -443,21 +444,7 @@ def main():
         if not args.work_dir:
             shutil.rmtree(work_dir, ignore_errors=True)
 
-    os.makedirs(args.output_dir, exist_ok=True)
-    files = {}
-    for split in ("train", "dev", "test"):
-        name = f"{split}.tsv.gz"
-        path = os.path.join(args.output_dir, name)
-        data = "".join(rows[split]).encode("utf-8")
-        # mtime=0 and no file name in the header keep the bytes reproducible.
-        with open(path, "wb") as raw, gzip.GzipFile(
-            filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9
-        ) as compressed:
-            compressed.write(data)
-        files[name] = {
-            "pairs": len(rows[split]),
-            "sha256_uncompressed": hashlib.sha256(data).hexdigest(),
-        }
+    files = write_splits(args.output_dir, rows)
     manifest = {
         "name": "debian-messages-en-de",
         "columns": ["en", "de"],
