@@ -169,12 +169,12 @@ def run(args, fields, model_overrides, explicit):
         _write_config(config_path, model_config, config)
     with strategy.scope():
         model = kt.build_transformer(model_config)
-        # A variable, so that a budgeted run can plan its warm-up once it has timed its steps.
-        warmup = keras.Variable(config.warmup_steps, dtype="float32", trainable=False,
-                                name="warmup_steps")
+        # Variables, so that a budgeted run can plan its schedule once it has timed steps.
+        warmup, scale = (keras.Variable(value, dtype="float32", trainable=False, name=name)
+                         for value, name in ((config.warmup_steps, "warmup_steps"),
+                                             (config.learning_rate_scale, "learning_rate_scale")))
         training.compile_for_training(
-            model, model_config.label_smoothing, warmup, config.learning_rate_scale,
-            config.jit_compile)
+            model, model_config.label_smoothing, warmup, scale, config.jit_compile)
         checkpoint_dir = os.path.join(args.out, "checkpoints")
         step = training.restore_latest_checkpoint(model, checkpoint_dir)
     if not training.same_on_all_workers(strategy, step):
@@ -214,19 +214,23 @@ def run(args, fields, model_overrides, explicit):
         step = _CALIBRATION_STEPS
         plan = training.plan_for_budget(
             step, clock.step_seconds, clock.budget_seconds - clock.elapsed(),
-            config.average_last, max_steps)
-        config = dataclasses.replace(
-            config, steps=plan.steps,
-            checkpoint_every=(config.checkpoint_every if "checkpoint_every" in explicit
-                              else plan.checkpoint_every),
-            warmup_steps=(config.warmup_steps if "warmup_steps" in explicit
-                          else plan.warmup_steps))
+            config.average_last, config.warmup_steps, config.learning_rate_scale, max_steps)
+        planned = dict(steps=plan.steps)
+        if "checkpoint_every" not in explicit:
+            planned.update(checkpoint_every=plan.checkpoint_every)
+        if not {"warmup_steps", "learning_rate_scale"} & explicit:
+            planned.update(warmup_steps=plan.warmup_steps,
+                           learning_rate_scale=plan.learning_rate_scale)
+        config = dataclasses.replace(config, **planned)
         warmup.assign(config.warmup_steps)
+        scale.assign(config.learning_rate_scale)
         planned_steps = plan.steps
         if chief:
             _write_config(config_path, model_config, config)
         print(f"Planned about {plan.steps} steps: a checkpoint every "
-              f"{config.checkpoint_every}, warm-up {config.warmup_steps}.", flush=True)
+              f"{config.checkpoint_every}, warm-up {config.warmup_steps} to learning rate "
+              f"{config.learning_rate_scale * (model_config.d_model * config.warmup_steps) ** -0.5:.2e}.",
+              flush=True)
 
     # === Fit: an epoch is checkpoint_every steps ===
     callbacks = [

@@ -244,7 +244,9 @@ class TrainingConfig:
             replica (paper: about 25000 per step in all).
         max_length: longest sequence trained on, in tokens; longer pairs are
             dropped and counted.
-        warmup_steps: of the learning-rate schedule (paper: 4000).
+        warmup_steps: of the learning-rate schedule (paper: 4000). With
+            `learning_rate_scale` it sets the peak learning rate,
+            `scale * (d_model * warmup_steps)^-0.5` (3.6e-3 for d_model 256).
         learning_rate_scale: constant factor on the schedule (paper: 1).
         checkpoint_every: steps between checkpoints, dev-loss evaluations and
             log lines (planned from the budget when there is one).
@@ -274,7 +276,7 @@ class TrainingConfig:
     time_budget_clock: str = "wall"
     tokens_per_batch: int = 4096
     max_length: int = 128
-    warmup_steps: int = 500
+    warmup_steps: int = 300
     learning_rate_scale: float = 1.0
     checkpoint_every: int = 250
     keep_checkpoints: int = 5

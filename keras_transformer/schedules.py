@@ -21,7 +21,8 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         warmup_steps: the paper's 4000; a number, or a `keras.Variable` that the
             schedule reads at every step (so that a run can plan its warm-up
             after it has started, as `train.py --time-budget` does).
-        scale: a constant factor (1.0 in the paper).
+        scale: a constant factor (1.0 in the paper); a number or a
+            `keras.Variable`, like `warmup_steps`.
 
     Example:
     >>> schedule = TransformerSchedule(d_model=512)
@@ -35,8 +36,8 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
             raise ValueError(
                 f"warmup_steps must be >= 1. Received: warmup_steps={_value(warmup_steps)}"
             )
-        if scale <= 0:
-            raise ValueError(f"scale must be > 0. Received: scale={scale}")
+        if _value(scale) <= 0:
+            raise ValueError(f"scale must be > 0. Received: scale={_value(scale)}")
         self.d_model = d_model
         self.warmup_steps = warmup_steps
         self.scale = scale
@@ -45,18 +46,18 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         step_num = ops.cast(step, "float32") + 1.0
         warmup = ops.cast(self.warmup_steps, "float32")
         rate = ops.minimum(ops.power(step_num, -0.5), step_num * ops.power(warmup, -1.5))
-        return self.scale * self.d_model**-0.5 * rate
+        return ops.cast(self.scale, "float32") * self.d_model**-0.5 * rate
 
     def get_config(self):
         return {"d_model": self.d_model, "warmup_steps": _value(self.warmup_steps),
-                "scale": self.scale}
+                "scale": _value(self.scale)}
 
 
-def _value(warmup_steps):
-    """A warm-up length as a Python number, also when it is held by a variable."""
-    if isinstance(warmup_steps, keras.Variable):
-        return float(keras.ops.convert_to_numpy(warmup_steps))
-    return warmup_steps
+def _value(number):
+    """A schedule setting as a Python number, also when a variable holds it."""
+    if isinstance(number, keras.Variable):
+        return float(keras.ops.convert_to_numpy(number))
+    return number
 
 
 def transformer_optimizer(d_model, warmup_steps=4000, scale=1.0):

@@ -303,14 +303,19 @@ class TrainingClock(keras.callbacks.Callback):
 class BudgetPlan:
     """What a time budget allows: `steps` expected in all, the checkpoint interval
     (`average_last` checkpoints span the last `PLANNED_AVERAGE_SPAN` of the
-    steps) and the warm-up (the first `PLANNED_WARMUP_FRACTION`)."""
+    steps), and a schedule that warms up over the first `PLANNED_WARMUP_FRACTION`
+    to the same peak learning rate as the configured one (`TransformerSchedule`
+    peaks at `scale * (d_model * warmup_steps)^-0.5`, so the scale moves with the
+    square root of the warm-up)."""
 
     steps: int
     checkpoint_every: int
     warmup_steps: int
+    learning_rate_scale: float
 
 
-def plan_for_budget(step, step_seconds, seconds_left, average_last, max_steps=None):
+def plan_for_budget(step, step_seconds, seconds_left, average_last, warmup_steps,
+                    learning_rate_scale, max_steps=None):
     """Plans a budgeted run from the times of its first steps.
 
     Args:
@@ -320,6 +325,8 @@ def plan_for_budget(step, step_seconds, seconds_left, average_last, max_steps=No
             batch shapes included, since more of those come.
         seconds_left: the budget left.
         average_last: the checkpoints averaged at the end.
+        warmup_steps, learning_rate_scale: the configured schedule, whose peak
+            learning rate the plan keeps.
         max_steps: optional cap on the steps in all.
 
     Returns:
@@ -332,8 +339,9 @@ def plan_for_budget(step, step_seconds, seconds_left, average_last, max_steps=No
     if max_steps is not None:
         steps = min(steps, max_steps)
     checkpoint_every = max(1, math.ceil(steps * PLANNED_AVERAGE_SPAN / average_last))
-    warmup_steps = max(1, round(steps * PLANNED_WARMUP_FRACTION))
-    return BudgetPlan(steps, checkpoint_every, warmup_steps)
+    planned_warmup = max(1, round(steps * PLANNED_WARMUP_FRACTION))
+    scale = learning_rate_scale * math.sqrt(planned_warmup / warmup_steps)
+    return BudgetPlan(steps, checkpoint_every, planned_warmup, scale)
 
 
 class ProgressLine(keras.callbacks.Callback):

@@ -49,3 +49,9 @@ def test_schedule_reads_a_variable_warmup_at_every_step():
     assert schedule.get_config()["warmup_steps"] == 50.0
     with pytest.raises(ValueError, match="warmup_steps=0.0"):
         TransformerSchedule(512, warmup_steps=keras.Variable(0.0, trainable=False))
+    scale = keras.Variable(1.0, trainable=False)
+    schedule = TransformerSchedule(d_model=512, warmup_steps=100, scale=scale)
+    scale.assign(3.0)
+    np.testing.assert_allclose(float(schedule(99)), 3.0 * paper_rate(100, warmup_steps=100),
+                               rtol=1e-6)
+    assert schedule.get_config()["scale"] == 3.0

@@ -158,13 +158,17 @@ def test_time_budget_plans_and_stops_after_the_budget(tmp_path):
     cpu = [float(row["cpu_seconds"]) for row in rows]
     # Stopped at the first checkpoint past the budget, not before and not later.
     assert cpu[-1] >= budget_minutes * 60 > cpu[-2]
-    planned = re.search(r"Planned about (\d+) steps: a checkpoint every (\d+), warm-up (\d+)",
-                        result.stdout)
+    planned = re.search(r"Planned about (\d+) steps: a checkpoint every (\d+), warm-up (\d+) "
+                        r"to learning rate ([\d.e+-]+)\.", result.stdout)
     assert planned, result.stdout
-    steps, every, warmup = map(int, planned.groups())
+    steps, every, warmup = map(int, planned.groups()[:3])
+    peak = float(planned.group(4))
     assert every == max(1, -(-steps * training.PLANNED_AVERAGE_SPAN // 2))  # --average-last 2
     assert warmup == round(steps * training.PLANNED_WARMUP_FRACTION)
     assert config["checkpoint_every"] == every and config["warmup_steps"] == warmup
+    # The default schedule's peak (warm-up 300, scale 1), reached after the planned warm-up.
+    assert peak == pytest.approx((64 * 300) ** -0.5, rel=1e-2)
+    assert config["learning_rate_scale"] == pytest.approx(peak * (64 * warmup) ** 0.5, rel=1e-2)
     assert config["steps"] == int(rows[-1]["step"])  # what the run did
     assert os.path.exists(os.path.join(run, "averaged.weights.h5"))
 

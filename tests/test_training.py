@@ -69,15 +69,21 @@ def test_strategy_and_precision_choices():
 def test_budget_plan_from_the_mean_step():
     # The first step builds the graph; the mean of the others counts.
     plan = training.plan_for_budget(step=20, step_seconds=[30.0, 5.0] + [0.5] * 18,
-                                    seconds_left=500.0, average_last=5)
+                                    seconds_left=500.0, average_last=5, warmup_steps=300,
+                                    learning_rate_scale=2.0)
     steps = 20 + int(500.0 / ((5.0 + 0.5 * 18) / 19))
     assert plan.steps == steps
     assert plan.checkpoint_every == math.ceil(steps * training.PLANNED_AVERAGE_SPAN / 5)
     assert plan.warmup_steps == round(steps * training.PLANNED_WARMUP_FRACTION)
-    capped = training.plan_for_budget(20, [0.5] * 20, 500.0, average_last=5, max_steps=300)
+    # The same peak learning rate as the configured schedule's, at the planned warm-up.
+    configured = kt.TransformerSchedule(256, warmup_steps=300, scale=2.0)
+    planned = kt.TransformerSchedule(256, plan.warmup_steps, plan.learning_rate_scale)
+    np.testing.assert_allclose(float(planned(plan.warmup_steps - 1)), float(configured(299)),
+                               rtol=1e-6)
+    capped = training.plan_for_budget(20, [0.5] * 20, 500.0, 5, 300, 1.0, max_steps=300)
     assert capped.steps == 300
     with pytest.raises(ValueError, match="at least one step"):
-        training.plan_for_budget(0, [], 10.0, 5)
+        training.plan_for_budget(0, [], 10.0, 5, 300, 1.0)
 
 
 def test_training_clock_stops_at_the_epoch_end_past_the_budget():
