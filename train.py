@@ -255,9 +255,11 @@ def run(args, fields, model_overrides, explicit):
             keras.callbacks.TensorBoard(os.path.join(args.out, "logs")),
             keras.callbacks.CSVLogger(os.path.join(args.out, "log.csv"), append=True),
         ]
-    # A budgeted run measures its dev loss about 4 times: each pass costs steps.
-    validation_every = (max(1, round(planned_steps / config.checkpoint_every / 4))
-                        if config.time_budget else 1)
+    # A budgeted run measures its dev loss half-way and at its planned end: each pass
+    # (and its compilations, under XLA) costs steps.
+    planned_epochs = math.ceil(planned_steps / config.checkpoint_every)
+    validation_freq = ([max(1, planned_epochs // 2), planned_epochs] if config.time_budget
+                       else 1)
     # Full checkpoint intervals, then the steps left over; a budgeted run goes on
     # until the first checkpoint past its budget (or --steps).
     last_step = max_steps if max_steps is not None else sys.maxsize
@@ -269,7 +271,7 @@ def run(args, fields, model_overrides, explicit):
             initial_epoch=step // config.checkpoint_every,
             steps_per_epoch=length,
             validation_data=dev_batches,
-            validation_freq=validation_every,
+            validation_freq=validation_freq,
             callbacks=callbacks,
             shuffle=False,  # the batches come shuffled
             verbose=0,
