@@ -249,7 +249,7 @@ CLOCKS = {"wall": time.monotonic, "cpu": time.process_time}
 # A budgeted run averages its checkpoints over this last fraction of its steps, and
 # warms up over this first fraction (README, "Recipes": measured on two corpora).
 PLANNED_AVERAGE_SPAN = 0.25
-PLANNED_WARMUP_FRACTION = 0.2
+PLANNED_WARMUP_FRACTION = 0.4
 
 
 class TrainingClock(keras.callbacks.Callback):
