@@ -22,6 +22,19 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 
+def corpus_source(data):
+    """A corpus flag (train.py --data, evaluate.py --test) as the `source` of
+    `keras_transformer.data.load_parallel`: 'bundled', 'tfds:NAME[/CONFIG]',
+    'SOURCE_FILE,TARGET_FILE' or one tab-separated file; paths may hold '{split}'."""
+    if data == "bundled" or data.startswith("tfds:"):
+        return data
+    paths = data.split(",")
+    if len(paths) > 2:
+        raise ValueError(f"a corpus is one tab-separated file or two files "
+                         f"'SOURCE,TARGET'. Received: {data!r}")
+    return tuple(paths) if len(paths) == 2 else paths[0]
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
     """Bad flags give one line naming the problem, not the whole usage; every
     command line has --verbose (see `quiet_libraries`)."""

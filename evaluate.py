@@ -17,6 +17,7 @@ import os
 import sys
 
 from cli_common import OneLineErrorParser
+from cli_common import corpus_source
 from cli_common import quiet_libraries
 
 
@@ -31,7 +32,9 @@ def parse_args(argv):
     parser.add_argument("--weights", choices=("averaged", "final"), default="averaged",
                         help="with --run: which weights")
     parser.add_argument("--test", default="bundled",
-                        help="'bundled', 'tfds:NAME[/CONFIG]', or a tab-separated file")
+                        help="'bundled', 'tfds:NAME[/CONFIG]', a tab-separated file or "
+                             "'SOURCE,TARGET' files, as train.py --data (paths may hold "
+                             "'{split}', filled from --split)")
     parser.add_argument("--split", default="test", help="split of --test")
     parser.add_argument("--src", help="source file, one sentence a line (with --ref)")
     parser.add_argument("--ref", help="reference file aligned with --src")
@@ -67,16 +70,19 @@ def load_pairs(args):
 
     if args.src is not None:
         return data.load_parallel((args.src, args.ref))
+    source = corpus_source(args.test)
     if args.test == "bundled" or args.test.startswith("tfds:"):
         return data.load_parallel(
-            args.test, args.split, source_language=args.source_language,
+            source, args.split, source_language=args.source_language,
             target_language=args.target_language,
         )
-    if not os.path.isfile(args.test):
+    if "{split}" in args.test:  # as train.py --data: 'corpus/{split}.tsv.gz'
+        return data.load_parallel(source, args.split)
+    if not all(map(os.path.isfile, source if isinstance(source, tuple) else [source])):
         raise FileNotFoundError(
-            f"--test {args.test} is neither 'bundled', 'tfds:NAME' nor an existing file"
+            f"--test {args.test} is neither 'bundled', 'tfds:NAME' nor existing files"
         )
-    return data.load_parallel(args.test)
+    return data.load_parallel(source)
 
 
 def main(argv=None):

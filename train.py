@@ -23,6 +23,7 @@ import sys
 import time
 
 from cli_common import OneLineErrorParser
+from cli_common import corpus_source
 from cli_common import quiet_libraries
 
 # The budget counts from here: imports, the vocabulary, graph building and compilation.
@@ -140,7 +141,7 @@ def run(args, fields, model_overrides, explicit):
     chief = training.is_chief(strategy)
 
     # === Data ===
-    source = _data_source(config.data)
+    source = corpus_source(config.data)
     languages = dict(source_language=config.source_language,
                      target_language=config.target_language)
     splits = _splits(config.data)
@@ -409,17 +410,6 @@ def _bleu(hypotheses, references):
     from keras_transformer import evaluation
 
     return evaluation.bleu_scores(hypotheses, references)
-
-
-def _data_source(data):
-    """'bundled', 'tfds:...', 'SOURCE_FILE,TARGET_FILE' or one tab-separated file."""
-    if data == "bundled" or data.startswith("tfds:"):
-        return data
-    paths = data.split(",")
-    if len(paths) > 2:
-        raise ValueError(f"--data takes one tab-separated file or two files "
-                         f"'SOURCE,TARGET'. Received: {data!r}")
-    return tuple(paths) if len(paths) == 2 else paths[0]
 
 
 def _splits(data):

@@ -97,3 +97,26 @@ def test_export_translate_evaluate(run_dir, tmp_path):
     assert "signature: nrefs:1|case:mixed|eff:no|tok:13a" in result.stdout
     assert "tokenized BLEU (paper-style)" in result.stdout and "tok:intl" in result.stdout
     assert hypotheses.read_text(encoding="utf-8").split("\n")[:-1] == lines
+
+
+def test_evaluate_reads_corpora_as_train_does(tmp_path):
+    """--test takes train.py's --data forms: '{split}' paths and 'SOURCE,TARGET' files."""
+    import evaluate
+
+    for split in ("dev", "test"):
+        (tmp_path / f"{split}.tsv").write_text(f"{split} one\tuno\n{split} two\tdos\n")
+        (tmp_path / f"{split}.en").write_text(f"{split} one\n")
+        (tmp_path / f"{split}.es").write_text("uno\n")
+
+    def pairs(*flags):
+        args = evaluate.parse_args(["--run", str(tmp_path), *flags])
+        return [(p["source"].decode(), p["target"].decode())
+                for p in evaluate.load_pairs(args).as_numpy_iterator()]
+
+    assert pairs("--test", str(tmp_path / "{split}.tsv"), "--split", "dev") == [
+        ("dev one", "uno"), ("dev two", "dos")]
+    assert pairs("--test", str(tmp_path / "{split}.en") + "," + str(tmp_path / "{split}.es"),
+                 "--split", "test") == [("test one", "uno")]
+    assert pairs("--test", str(tmp_path / "test.tsv")) == [("test one", "uno"), ("test two", "dos")]
+    with pytest.raises(FileNotFoundError, match="neither 'bundled'"):
+        evaluate.load_pairs(evaluate.parse_args(["--run", str(tmp_path), "--test", "no.tsv"]))
