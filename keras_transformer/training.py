@@ -250,6 +250,7 @@ CLOCKS = {"wall": time.monotonic, "cpu": time.process_time}
 # warms up over this first fraction (README, "Recipes": measured on two corpora).
 PLANNED_AVERAGE_SPAN = 0.25
 PLANNED_WARMUP_FRACTION = 0.4
+PLANNED_OVERHEAD = 0.1
 
 
 class TrainingClock(keras.callbacks.Callback):
@@ -320,9 +321,10 @@ def plan_for_budget(step, step_seconds, seconds_left, average_last, warmup_steps
 
     Args:
         step: the steps done so far.
-        step_seconds: the measured times of those steps. The first one builds
-            the graph and is left out; the others count, compilations for new
-            batch shapes included, since more of those come.
+        step_seconds: the measured times of those steps. Their median is the
+            steady step: the first ones build the graph and compile each new
+            batch shape; the plan leaves `PLANNED_OVERHEAD` of the time left for
+            the compilations, checkpoints and dev passes still to come.
         seconds_left: the budget left.
         average_last: the checkpoints averaged at the end.
         warmup_steps, learning_rate_scale: the configured schedule, whose peak
@@ -334,8 +336,8 @@ def plan_for_budget(step, step_seconds, seconds_left, average_last, warmup_steps
     """
     if not step_seconds:
         raise ValueError("plan_for_budget needs the times of at least one step")
-    per_step = max(float(np.mean(step_seconds[1:] or step_seconds)), 1e-6)
-    steps = step + max(1, int(seconds_left / per_step))
+    per_step = max(float(np.median(step_seconds)), 1e-6)
+    steps = step + max(1, int(seconds_left * (1 - PLANNED_OVERHEAD) / per_step))
     if max_steps is not None:
         steps = min(steps, max_steps)
     checkpoint_every = max(1, math.ceil(steps * PLANNED_AVERAGE_SPAN / average_last))

@@ -66,12 +66,12 @@ def test_strategy_and_precision_choices():
     assert keras.config.dtype_policy().name == "mixed_bfloat16"
 
 
-def test_budget_plan_from_the_mean_step():
-    # The first step builds the graph; the mean of the others counts.
+def test_budget_plan_from_the_steady_step():
+    # The first steps build the graph and compile; the median is the steady step.
     plan = training.plan_for_budget(step=20, step_seconds=[30.0, 5.0] + [0.5] * 18,
                                     seconds_left=500.0, average_last=5, warmup_steps=300,
                                     learning_rate_scale=2.0)
-    steps = 20 + int(500.0 / ((5.0 + 0.5 * 18) / 19))
+    steps = 20 + int(500.0 * (1 - training.PLANNED_OVERHEAD) / 0.5)
     assert plan.steps == steps
     assert plan.checkpoint_every == math.ceil(steps * training.PLANNED_AVERAGE_SPAN / 5)
     assert plan.warmup_steps == round(steps * training.PLANNED_WARMUP_FRACTION)
