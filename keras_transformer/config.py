@@ -15,7 +15,7 @@ TIME_BUDGET_CLOCKS = ("wall", "cpu")
 # TrainingConfig.model "auto": the CPU preset for the time budget, by the budget's
 # CPU-minutes (wall-clock minutes count once per core the process may use).
 AUTO_MODEL = "auto"
-_CPU_RECIPES = ((10.0, "cpu-small"), (60.0, "cpu-medium"), (float("inf"), "cpu-large"))
+_CPU_RECIPES = ((30.0, "cpu-small"), (90.0, "cpu-medium"), (float("inf"), "cpu-large"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,8 +204,8 @@ _PRESETS = {
     "d_ls0.2": dict(label_smoothing=0.2),
     # (E) learned positional embeddings instead of sinusoids.
     "e_learned": dict(positional_encoding="learned"),
-    # Measured on 2 CPU cores for the best BLEU per CPU-minute (README, "Recipes"):
-    # cpu-small for about 5-10 CPU-minutes, cpu-medium about 20-60, cpu-large 120+.
+    # For the best BLEU per CPU-minute on 2 CPU cores (README, "Recipes"): cpu-small
+    # up to 30 CPU-minutes, cpu-medium up to 90, cpu-large beyond.
     "cpu-small": dict(num_layers=1, d_model=256, d_ff=1024, num_heads=4),
     # Deeper stacks pre-norm: at these budgets' learning rates a post-norm stack of 3
     # layers learned little in 300 steps (README, "Why a deeper model failed").

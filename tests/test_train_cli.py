@@ -93,9 +93,10 @@ def test_model_shape_flags_resolve_over_the_preset(tmp_path):
 
 def test_time_budget_picks_the_cpu_recipe():
     assert TrainingConfig().model_preset(cores=2) == "cpu-small"
-    assert TrainingConfig(time_budget=4).model_preset(cores=2) == "cpu-small"
-    assert TrainingConfig(time_budget=20, time_budget_clock="cpu").model_preset() == "cpu-medium"
-    assert TrainingConfig(time_budget=20).model_preset(cores=2) == "cpu-medium"
+    assert TrainingConfig(time_budget=4.5).model_preset(cores=2) == "cpu-small"
+    assert TrainingConfig(time_budget=20, time_budget_clock="cpu").model_preset() == "cpu-small"
+    assert TrainingConfig(time_budget=20).model_preset(cores=2) == "cpu-medium"  # 40 CPU-min
+    assert TrainingConfig(time_budget=90, time_budget_clock="cpu").model_preset() == "cpu-medium"
     assert TrainingConfig(time_budget=120, time_budget_clock="cpu").model_preset() == "cpu-large"
     assert TrainingConfig(model="base", time_budget=120).model_preset(cores=2) == "base"
 
