@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Makes .venv (if missing) and installs the package with its test extra into it.
-# Sourced by test.sh and quickstart.sh; safe to run again.
+# Makes .venv (if missing) and installs the package into it, with the extras named
+# as arguments (test.sh: "test"; quickstart.sh: none). Safe to run again.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 python=${PYTHON:-python3}
@@ -8,4 +8,5 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
   .venv/bin/python -m pip install --quiet --upgrade pip
 fi
-.venv/bin/python -m pip install --quiet -e ".[test]"
+extras=$(IFS=,; echo "$*")
+.venv/bin/python -m pip install --quiet -e ".${extras:+[$extras]}"
