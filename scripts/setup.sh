@@ -9,4 +9,11 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
 fi
 extras=$(IFS=,; echo "$*")
-.venv/bin/python -m pip install --quiet -e ".${extras:+[$extras]}"
+# pip's and setuptools' notices only when the install fails.
+log=$(mktemp)
+if ! .venv/bin/python -m pip install --quiet -e ".${extras:+[$extras]}" >"$log" 2>&1; then
+  cat "$log" >&2
+  rm -f "$log"
+  exit 1
+fi
+rm -f "$log"

@@ -1,0 +1,1 @@
+"""The bundled corpus files (see manifest.json); a package so that they install."""
