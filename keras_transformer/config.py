@@ -219,7 +219,7 @@ class TrainingConfig:
     """Training settings; `train.py`'s flags are these fields.
 
     The defaults suit a CPU: the bundled corpus, a model picked for the time
-    budget, XLA. `TrainingConfig.paper()` gives the paper's recipe (Sec. 5).
+    budget. `TrainingConfig.paper()` gives the paper's recipe (Sec. 5).
 
     Args:
         data: "bundled", "tfds:NAME[/CONFIG]", a tab-separated file, or
@@ -260,8 +260,9 @@ class TrainingConfig:
             final evaluation).
         strategy: "auto", "one_device", "mirrored", "multi_worker" or "tpu".
         precision: "float32", "mixed_float16" or "mixed_bfloat16".
-        jit_compile: compile the training step with XLA (about 2x faster
-            steps for small models on a CPU).
+        jit_compile: compile the training step with XLA: as fast as without
+            for the CPU presets (and a compilation per batch shape), 8% faster
+            steps for the base model on a CPU.
         seed: seeds weights, dropout and shuffling.
     """
 
@@ -286,7 +287,7 @@ class TrainingConfig:
     test_sentences: int = 500
     strategy: str = "auto"
     precision: str = "float32"
-    jit_compile: bool = True
+    jit_compile: bool = False
     seed: int = 0
 
     def __post_init__(self):
