@@ -50,11 +50,12 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
 # Lines that TensorFlow's and sentencepiece's C++ code writes to stderr whatever
 # TF_CPP_MIN_LOG_LEVEL says (absl's messages before its log is initialized, CUDA
-# probes on a CPU-only machine, oneDNN notices, sentencepiece's LOG(INFO)).
+# probes on a CPU-only machine, oneDNN notices, sentencepiece's LOG(INFO)), through
+# the end of the line: they can also start in the middle of a progress bar's line.
 LIBRARY_LOG_LINE = re.compile(
-    rb"^(?:[IWE]\d{4} [\d:.]+ +\d+ [\w.+-]+:\d+\]"
+    rb"(?:[IWE]\d{4} [\d:.]+ +\d+ [\w.+-]+:\d+\]"
     rb"|WARNING: All log messages before absl::InitializeLog\(\) is called"
-    rb"|[\w.+-]+\(\d+\) LOG\(INFO\) )"
+    rb"|[\w.+-]+\(\d+\) LOG\(INFO\) )[^\n]*\n?"
 )
 # Python warnings a user of the command lines cannot act on.
 _UNACTIONABLE_WARNINGS = (
@@ -82,7 +83,8 @@ def quiet_libraries():
     def forward():
         with os.fdopen(read_end, "rb") as lines:
             for line in lines:
-                if not LIBRARY_LOG_LINE.match(line):
+                line = LIBRARY_LOG_LINE.sub(b"", line)
+                if line:
                     os.write(original, line)
 
     thread = threading.Thread(target=forward, name="stderr-filter", daemon=True)
