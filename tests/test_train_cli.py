@@ -23,7 +23,7 @@ from tests.test_distributed import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Small and quick: a 600-token vocabulary, short sentences, tiny batches.
-QUICK = ["--vocab-size", "600", "--vocab-sentences", "4000", "--max-length", "24",
+QUICK = ["--model", "tiny", "--vocab-size", "600", "--vocab-sentences", "4000", "--max-length", "24",
          "--tokens-per-batch", "256", "--checkpoint-every", "2", "--steps", "6",
          "--average-last", "2", "--test-sentences", "0", "--warmup-steps", "4"]
 
@@ -149,7 +149,7 @@ def test_time_budget_plans_and_stops_after_the_budget(tmp_path):
     quick = [item for flag, value in pairs.items()
              if flag not in ("--steps", "--checkpoint-every", "--warmup-steps")
              for item in (flag, value)]
-    result = _train([*quick, "--model", "tiny", "--time-budget", str(budget_minutes),
+    result = _train([*quick, "--time-budget", str(budget_minutes),
                      "--time-budget-clock", "cpu", "--out", run])
     assert result.returncode == 0, result.stderr
     with open(os.path.join(run, "log.csv")) as f:
@@ -177,10 +177,13 @@ def test_time_budget_plans_and_stops_after_the_budget(tmp_path):
 @pytest.mark.slow
 def test_killed_run_resumes_like_an_uninterrupted_one(tmp_path):
     whole, interrupted = str(tmp_path / "whole"), str(tmp_path / "interrupted")
-    assert _train([*QUICK, "--out", whole]).returncode == 0
+    # Deterministic kernels: a machine whose thread pools sum in varying order
+    # would otherwise drift apart in both runs alike, resumed or not.
+    deterministic = dict(TF_DETERMINISTIC_OPS="1")
+    assert _train([*QUICK, "--out", whole], **deterministic).returncode == 0
 
     # Kill the second run as soon as its first checkpoint exists (mid-training).
-    process = _train([*QUICK, "--out", interrupted], wait=False)
+    process = _train([*QUICK, "--out", interrupted], wait=False, **deterministic)
     first = os.path.join(interrupted, "checkpoints", "ckpt-00000002.weights.h5")
     deadline = time.time() + 600
     while not os.path.exists(first) and process.poll() is None and time.time() < deadline:
@@ -189,7 +192,7 @@ def test_killed_run_resumes_like_an_uninterrupted_one(tmp_path):
     process.wait()
     assert not os.path.exists(os.path.join(interrupted, "model.keras"))
 
-    resumed = _train([*QUICK, "--out", interrupted])
+    resumed = _train([*QUICK, "--out", interrupted], **deterministic)
     assert resumed.returncode == 0, resumed.stderr
     assert "Resuming" in resumed.stdout
 
