@@ -1,5 +1,6 @@
 """Keras layers of the Transformer; never imports the model or data. Keras only, but
-for _matmul.py, whose kernel gradient under XLA on a CPU is TensorFlow's."""
+for _matmul.py, the matrix multiply behind `Projection`, whose kernel gradient under
+XLA on a CPU is TensorFlow's."""
 
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.decoder_layer import TransformerDecoderLayer
@@ -9,3 +10,4 @@ from keras_transformer.layers.encoder_layer import TransformerEncoderLayer
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 from keras_transformer.layers.positional_embedding import LearnedPositionalEmbedding
 from keras_transformer.layers.positional_encoding import SinusoidalPositionalEncoding
+from keras_transformer.layers.projection import Projection

@@ -8,7 +8,9 @@ tensor of its own). Under XLA on a CPU, `dense` therefore writes the transpose o
 the narrower operand out first, behind an optimization barrier so that XLA cannot
 fold it back; the copy costs far less than it saves (5% of a base-model training
 step). Everywhere else (no XLA, a GPU or TPU, another Keras backend) the gradient is
-autodiff's. This is the one TensorFlow-specific piece of the layers.
+autodiff's. This is the one TensorFlow-specific piece of the layers, and `Projection`
+(projection.py) its one caller. TensorFlow's private modules are imported inside the
+functions that use them, so that importing the layers never depends on them.
 """
 
 import math
@@ -16,8 +18,6 @@ import math
 import keras
 import tensorflow as tf
 from keras import ops
-from tensorflow.compiler.tf2xla.python import xla
-from tensorflow.python.ops import control_flow_util
 
 
 def dense(inputs, kernel, bias=None, contracted=1):
@@ -48,6 +48,8 @@ def _under_xla_on_cpu():
     """Whether this is being traced for XLA (`jit_compile=True`) with no GPU or TPU."""
     if keras.backend.backend() != "tensorflow":
         return False
+    from tensorflow.python.ops import control_flow_util
+
     if not control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
         return False
     return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
@@ -68,6 +70,8 @@ def _transposed_product(a, b):
 
     The narrower operand is transposed: `a^T b` if `m <= n`, else `(b^T a)^T`.
     """
+    from tensorflow.compiler.tf2xla.python import xla
+
     def barrier(tensor):
         return xla.optimization_barrier(tensor)[0]
 

@@ -3,33 +3,14 @@ import math
 import keras
 from keras import ops
 
-from keras_transformer.layers._matmul import dense
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.dropout import check_rate
+from keras_transformer.layers.projection import Projection
 
 # Sec. 3.2.3: illegal connections are set to -inf before the softmax. The
 # softmax runs in float32 (also under mixed precision), so a large finite
 # number is safe: it never overflows a float16/bfloat16 tensor.
 MASK_VALUE = -1e9
-
-
-class _Projection(keras.layers.EinsumDense):
-    """An `EinsumDense` whose contraction runs as one 2-D matrix multiply.
-
-    TensorFlow runs `abc,cde->abde` as a batch matmul that broadcasts the kernel
-    over the batch; its kernel gradient is then a `(B, d, h * d_k)` batch of
-    products summed afterwards (for the base model, 64 x 1 MiB written and read per
-    projection). `dense` over the last `contracted` input axes reshapes to
-    `(B * T, d) x (d, h * d_k)`, whose kernel gradient is one matrix multiply. Same
-    weights and results as `EinsumDense`; its LoRA and quantization paths are unused.
-    """
-
-    def __init__(self, equation, contracted, **kwargs):
-        super().__init__(equation, **kwargs)
-        self.contracted = contracted
-
-    def call(self, inputs, training=None):
-        return dense(inputs, self.kernel, self.bias, self.contracted)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -42,7 +23,8 @@ class MultiHeadAttention(keras.layers.Layer):
     The weights have the layout of `keras.layers.MultiHeadAttention` (query,
     key, value and output `EinsumDense` kernels of shapes `(d_model, h, d_k)`,
     `(d_model, h, d_k)`, `(d_model, h, d_v)` and `(h, d_v, d_model)`, each with a
-    bias), so weights load one-to-one from it.
+    bias), so weights load one-to-one from and into it. The four projections are
+    `Projection` layers.
 
     For step-by-step decoding the layer takes a fixed-size cache, a tuple
     `(key_cache, value_cache)` of shapes `(B, S_max, h, d_k)` and
@@ -128,17 +110,12 @@ class MultiHeadAttention(keras.layers.Layer):
         key_shape = key_shape or value_shape
         output_dim = query_shape[-1]
 
-        def projection(equation, output_shape, bias_axes, name, input_shape, contracted=1):
-            layer = _Projection(
-                equation,
+        def projection(name, units, input_shape, contracted=1):
+            layer = Projection(
+                units,
                 contracted=contracted,
-                output_shape=output_shape,
-                bias_axes=bias_axes if self.use_bias else None,
-                # A fresh copy per projection, so that seeded initializers do
-                # not give four identical kernels.
-                kernel_initializer=self.kernel_initializer.__class__.from_config(
-                    self.kernel_initializer.get_config()
-                ),
+                use_bias=self.use_bias,
+                kernel_initializer=self.kernel_initializer,
                 bias_initializer=self.bias_initializer,
                 dtype=self.dtype_policy,
                 name=name,
@@ -146,21 +123,14 @@ class MultiHeadAttention(keras.layers.Layer):
             layer.build(input_shape)
             return layer
 
-        # Same equations as keras.layers.MultiHeadAttention, hence same weights.
-        self._query_dense = projection(
-            "abc,cde->abde", (None, self.num_heads, self.key_dim), "de", "query", query_shape
-        )
-        self._key_dense = projection(
-            "abc,cde->abde", (None, self.num_heads, self.key_dim), "de", "key", key_shape
-        )
-        self._value_dense = projection(
-            "abc,cde->abde", (None, self.num_heads, self.value_dim), "de", "value", value_shape
-        )
+        # The kernels and biases of keras.layers.MultiHeadAttention's "abc,cde->abde"
+        # and "abcd,cde->abe" EinsumDense layers, hence the same weights.
+        self._query_dense = projection("query", (self.num_heads, self.key_dim), query_shape)
+        self._key_dense = projection("key", (self.num_heads, self.key_dim), key_shape)
+        self._value_dense = projection("value", (self.num_heads, self.value_dim), value_shape)
         self._output_dense = projection(
-            "abcd,cde->abe",
-            (None, output_dim),
-            "e",
             "attention_output",
+            output_dim,
             (None, None, self.num_heads, self.value_dim),
             contracted=2,
         )

@@ -1,6 +1,6 @@
 import keras
 
-from keras_transformer.layers._matmul import dense
+from keras_transformer.layers.projection import Projection
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -37,27 +37,24 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.bias_initializer = keras.initializers.get(bias_initializer)
 
     def build(self, inputs_shape):
-        def dense_layer(units, name):
-            return keras.layers.Dense(
+        def projection(units, name, input_shape):
+            layer = Projection(
                 units,
-                kernel_initializer=self.kernel_initializer.__class__.from_config(
-                    self.kernel_initializer.get_config()
-                ),
+                kernel_initializer=self.kernel_initializer,
                 bias_initializer=self.bias_initializer,
                 dtype=self.dtype_policy,
                 name=name,
             )
+            layer.build(input_shape)
+            return layer
 
-        self._inner_dense = dense_layer(self.d_ff, "inner")
-        self._inner_dense.build(inputs_shape)
-        self._output_dense = dense_layer(inputs_shape[-1], "output")
-        self._output_dense.build(tuple(inputs_shape[:-1]) + (self.d_ff,))
+        # Named and shaped as keras.layers.Dense would be: W1, b1 and W2, b2.
+        d_model = inputs_shape[-1]
+        self._inner_dense = projection(self.d_ff, "inner", inputs_shape)
+        self._output_dense = projection(d_model, "output", (*inputs_shape[:-1], self.d_ff))
 
     def call(self, inputs):
-        # The Dense layers hold the weights; `dense` runs them (see _matmul.py).
-        inner, output = self._inner_dense, self._output_dense
-        hidden = self.activation(dense(inputs, inner.kernel, inner.bias))
-        return dense(hidden, output.kernel, output.bias)
+        return self._output_dense(self.activation(self._inner_dense(inputs)))
 
     def get_config(self):
         config = super().get_config()

@@ -16,6 +16,7 @@ CASES = {
     "sinusoidal": (lambda: layers.SinusoidalPositionalEncoding(max_wavelength=500), (SEQUENCE,)),
     "learned": (lambda: layers.LearnedPositionalEmbedding(9), (SEQUENCE,)),
     "feed_forward": (lambda: layers.PositionwiseFeedForward(12, activation="gelu"), (SEQUENCE,)),
+    "projection": (lambda: layers.Projection((2, 3), contracted=2, use_bias=False), (SEQUENCE,)),
     "encoder": (lambda: layers.TransformerEncoderLayer(2, 12, key_dim=3, norm_first=True),
                 (SEQUENCE,)),
     "decoder": (lambda: layers.TransformerDecoderLayer(2, 12, value_dim=5, dropout_rate=0.2),
