@@ -6,6 +6,7 @@ TensorFlow, and `--help` or a bad flag should answer at once.
 
 import argparse
 import atexit
+import dataclasses
 import os
 import re
 import sys
@@ -33,6 +34,53 @@ def corpus_source(data):
         raise ValueError(f"a corpus is one tab-separated file or two files "
                          f"'SOURCE,TARGET'. Received: {data!r}")
     return tuple(paths) if len(paths) == 2 else paths[0]
+
+
+def corpus_splits(data):
+    """The split names of a corpus flag: TFDS's train/validation/test, or
+    train/dev/test of the bundled corpus and of files with a '{split}' placeholder."""
+    if data.startswith("tfds:"):
+        return {"train": "train", "dev": "validation", "test": "test"}
+    if data != "bundled" and "{split}" not in data:
+        raise ValueError(
+            f"--data {data!r}: file paths need a '{{split}}' placeholder so that train, dev "
+            "and test files can be found, e.g. 'corpus/{split}.en,corpus/{split}.es'"
+        )
+    return {"train": "train", "dev": "dev", "test": "test"}
+
+
+def add_config_flags(parser, dataclass, defaults=True, skip=()):
+    """A flag for each field of a config dataclass (`--d-model` for `d_model`),
+    its help text from the "Args:" section of the class's docstring. With
+    `defaults=False` an absent flag leaves no attribute (to tell which were given)."""
+    helps = _field_docs(dataclass)
+    for field in dataclasses.fields(dataclass):
+        if field.name in skip:
+            continue
+        flag = "--" + field.name.replace("_", "-")
+        default = field.default if defaults else argparse.SUPPRESS
+        if field.type is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction,
+                                default=default, help=helps.get(field.name))
+        else:
+            kind = {int: int, float: float, "int | None": int}.get(field.type, str)
+            parser.add_argument(flag, type=kind, default=default, help=helps.get(field.name))
+
+
+def _field_docs(dataclass):
+    """`{field: text}` from the "Args:" section of a dataclass's docstring."""
+    docs, names = {}, []
+    args = dataclass.__doc__.split("Args:", 1)[1]
+    for line in args.splitlines():
+        match = re.match(r"^ {8}([a-z_]+(?:, [a-z_]+)*): (.*)$", line)
+        if match:
+            names = [name.strip() for name in match.group(1).split(",")]
+            for name in names:
+                docs[name] = match.group(2).strip()
+        elif line.strip() and names:
+            for name in names:
+                docs[name] += " " + line.strip()
+    return {name: text.replace("%", "%%") for name, text in docs.items()}
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

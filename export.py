@@ -70,28 +70,30 @@ def main(argv=None):
     if not args.verbose:
         quiet_libraries()
     # Imported after the flags are checked: a typo should not wait for TensorFlow.
+    from keras_transformer import runs
+    from keras_transformer import saved_model
     from keras_transformer import serving
 
     try:
-        model, tokenizer, run_config = serving.load_run(args.run, args.weights)
+        model, tokenizer, run_config = runs.load_run(args.run, args.weights)
         translator = serving.Translator(
             model, None if args.ids_only else tokenizer, beam_size=args.beam_size, alpha=args.alpha,
             extra_length=args.extra_length, max_input_length=args.max_input_length,
             beam_sizes=args.beam_sizes, jit_compile=args.jit_compile,
         )
-        warmup = serving.WARMUP_TEXTS
+        warmup = saved_model.WARMUP_TEXTS
         if args.warmup_file is not None:
             with open(args.warmup_file, encoding="utf-8") as f:
                 warmup = [line.rstrip("\n") for line in f if line.strip()][:32]
         run_config = dict(run_config, weights=args.weights, run_dir=os.path.abspath(args.run))
-        path = serving.export_translator(
+        path = saved_model.export_translator(
             translator, args.out, args.version, config=run_config, warmup_texts=warmup,
             check=not args.no_check,
         )
     except (ValueError, FileNotFoundError) as error:
         print(f"export.py: {error}", file=sys.stderr)
         return 2
-    except serving.ExportError as error:
+    except saved_model.ExportError as error:
         print(f"export.py: the export failed its check: {error}", file=sys.stderr)
         return 1
     checked = "" if args.no_check else ", checked in a separate process"

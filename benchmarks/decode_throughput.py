@@ -43,6 +43,7 @@ import tensorflow as tf  # noqa: E402
 
 from keras_transformer import TransformerConfig  # noqa: E402
 from keras_transformer import build_transformer  # noqa: E402
+from keras_transformer import saved_model  # noqa: E402
 from keras_transformer import serving  # noqa: E402
 from keras_transformer.data import BOS_ID  # noqa: E402
 
@@ -101,7 +102,7 @@ def translator_for(model, args, variant):
 def time_export(model, args, variant, source_ids, directory):
     translator = translator_for(model, args, variant)
     start = time.perf_counter()
-    path = serving.export_translator(
+    path = saved_model.export_translator(
         translator, os.path.join(directory, variant), warmup_texts=(), check=False
     )
     export_seconds = time.perf_counter() - start
@@ -145,7 +146,7 @@ def profile_step(model, args, source_ids):
     config = model.config
     @tf.function(autograph=False)
     def encode():  # once per batch, on B rows; beam search then tiles the cache
-        return model.initial_cache(source_ids, max_length=steps)
+        return model.initial_cache(source_ids, max_decode_length=steps)
 
     cache = tf.nest.map_structure(lambda t: tf.repeat(t, args.beam_size, axis=0), encode())
     token_ids = tf.fill([rows], BOS_ID)

@@ -231,6 +231,7 @@ def run_ours(args, directory):
     """Runs train.py for the budget in a child process, then scores each kept
     checkpoint and the averaged weights."""
     from keras_transformer import evaluation
+    from keras_transformer import runs
     from keras_transformer import serving
     from keras_transformer import training
 
@@ -263,7 +264,7 @@ def run_ours(args, directory):
     test_pairs = load_pairs(args, "test", args.test_pairs)
     sources = [source for source, _ in test_pairs]
     references = [target for _, target in test_pairs]
-    model, tokenizer, run_config = serving.load_run(run_dir)
+    model, tokenizer, run_config = runs.load_run(run_dir)
     translator = serving.Translator(model, tokenizer)  # beam 4, alpha 0.6 (Sec. 6.1)
     averaged = evaluation.evaluate(translator, test_pairs, limit=args.test_pairs)
     hypotheses = averaged["hypotheses"]

@@ -317,6 +317,10 @@ class TrainingConfig:
         _require("time_budget_clock", self.time_budget_clock,
                  self.time_budget_clock in TIME_BUDGET_CLOCKS,
                  f"must be {_one_of(TIME_BUDGET_CLOCKS)}", "TrainingConfig")
+        _require("time_budget", self.time_budget,
+                 not self.time_budget or self.strategy != "multi_worker",
+                 "must be 0 on a multi-worker run, whose workers cannot plan from one "
+                 "process's timings: give --steps instead", "TrainingConfig")
 
     def model_preset(self, cores=1):
         """The `TransformerConfig` preset to train: `model`, or for "auto" the CPU

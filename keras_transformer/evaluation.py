@@ -194,7 +194,7 @@ def load_translator(export=None, run=None, weights="averaged", **translator_opti
     """A translator from an export directory or from a training run directory.
 
     Exactly one of `export` (see `load_export`) and `run` (see
-    `keras_transformer.serving.load_run`) must be given; `weights` and
+    `keras_transformer.runs.load_run`) must be given; `weights` and
     `translator_options` (the `Translator` arguments) apply to a run.
     """
     if (export is None) == (run is None):

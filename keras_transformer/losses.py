@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_transformer.model import PADDING_ID
+from keras_transformer.token_ids import PAD_ID
 
 
 def token_cross_entropy(targets, logits, label_smoothing=0.0):
@@ -75,7 +75,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         padding_id: target id that carries no loss.
     """
 
-    def __init__(self, label_smoothing=0.1, padding_id=PADDING_ID, name="label_smoothed_ce",
+    def __init__(self, label_smoothing=0.1, padding_id=PAD_ID, name="label_smoothed_ce",
                  **kwargs):
         super().__init__(name=name, **kwargs)
         if not 0.0 <= label_smoothing < 1.0:

@@ -4,13 +4,13 @@ import keras
 from keras import ops
 
 from keras_transformer.losses import token_cross_entropy
-from keras_transformer.model import PADDING_ID
+from keras_transformer.token_ids import PAD_ID
 
 
 class _TokenMean(keras.metrics.Metric):
     """Sum of a per-token value over non-padding tokens, and their count."""
 
-    def __init__(self, padding_id=PADDING_ID, **kwargs):
+    def __init__(self, padding_id=PAD_ID, **kwargs):
         super().__init__(**kwargs)
         self.padding_id = padding_id
         self.total = self.add_variable(shape=(), initializer="zeros", name="total")
@@ -39,7 +39,7 @@ class _TokenMean(keras.metrics.Metric):
 class TokenAccuracy(_TokenMean):
     """Share of non-padding target tokens whose arg-max prediction is right."""
 
-    def __init__(self, padding_id=PADDING_ID, name="token_accuracy", **kwargs):
+    def __init__(self, padding_id=PAD_ID, name="token_accuracy", **kwargs):
         super().__init__(padding_id=padding_id, name=name, **kwargs)
 
     def token_values(self, y_true, y_pred):
@@ -54,7 +54,7 @@ class TokenAccuracy(_TokenMean):
 class Perplexity(_TokenMean):
     """`exp` of the mean (unsmoothed) negative log-likelihood per non-padding token."""
 
-    def __init__(self, padding_id=PADDING_ID, name="perplexity", **kwargs):
+    def __init__(self, padding_id=PAD_ID, name="perplexity", **kwargs):
         super().__init__(padding_id=padding_id, name=name, **kwargs)
 
     def token_values(self, y_true, y_pred):

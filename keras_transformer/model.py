@@ -1,22 +1,21 @@
 """The encoder-decoder Transformer as a functional `keras.Model` (Sec. 3)."""
 
 import keras
-import tensorflow as tf
 from keras import ops
 
 from keras_transformer.config import TransformerConfig
+from keras_transformer.distributed import MultiWorkerModel
 from keras_transformer.layers import Dropout
 from keras_transformer.layers import LearnedPositionalEmbedding
 from keras_transformer.layers import SharedEmbedding
 from keras_transformer.layers import SinusoidalPositionalEncoding
 from keras_transformer.layers import TransformerDecoderLayer
 from keras_transformer.layers import TransformerEncoderLayer
-
-PADDING_ID = 0
+from keras_transformer.token_ids import PAD_ID
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Transformer(keras.Model):
+class Transformer(MultiWorkerModel):
     """The Transformer encoder-decoder, a functional model.
 
     Inputs are a dict of two int32 tensors, `encoder_inputs` `(B, S)` (source ids)
@@ -24,10 +23,12 @@ class Transformer(keras.Model):
     begin-of-sequence id), padded with id 0; the padding and causal masks are
     derived inside. The output is float32 logits `(B, T, vocab_size)`.
 
-    Beyond `model(inputs)`, three methods serve incremental decoding: `encode`
-    runs the encoder; `initial_cache` runs it once per source and computes every
-    decoder layer's cross-attention keys and values once; `decode_step` decodes
-    one position with the fixed-size self-attention cache.
+    Beyond `model(inputs)`: `encode` runs the encoder; `decode` is the one
+    decoder pass, which the functional graph, step-by-step decoding and the
+    attention heat maps all run; `initial_cache` runs the encoder once per source
+    and every decoder layer's cross-attention projections once; `decode_step`
+    decodes one position with the fixed-size self-attention cache; and
+    `step_function` is what `decoding.beam_search` searches over.
 
     Args:
         config: a `TransformerConfig` (or its dict).
@@ -98,18 +99,10 @@ class Transformer(keras.Model):
         # === Functional model ===
         encoder_inputs = keras.Input(shape=(None,), dtype="int32", name="encoder_inputs")
         decoder_inputs = keras.Input(shape=(None,), dtype="int32", name="decoder_inputs")
-        encoder_padding_mask = ops.not_equal(encoder_inputs, PADDING_ID)  # (B, S)
-        decoder_padding_mask = ops.not_equal(decoder_inputs, PADDING_ID)  # (B, T)
+        encoder_padding_mask = ops.not_equal(encoder_inputs, PAD_ID)  # (B, S)
         encoder_outputs = self._encode(encoder_inputs, encoder_padding_mask)
-        x = self._embed(decoder_inputs, self.decoder_position, self.decoder_dropout)
-        for layer in self.decoder_layers:
-            x = layer(
-                x,
-                encoder_outputs,
-                decoder_padding_mask=decoder_padding_mask,
-                encoder_padding_mask=encoder_padding_mask,
-            )
-        logits = self._logits(x)
+        logits = self.decode(decoder_inputs, {"encoder_outputs": encoder_outputs,
+                                              "encoder_padding_mask": encoder_padding_mask})
         super().__init__(
             inputs={"encoder_inputs": encoder_inputs, "decoder_inputs": decoder_inputs},
             outputs=logits,
@@ -121,15 +114,72 @@ class Transformer(keras.Model):
         self.config = config
         self._policy = policy
 
-    # Incremental decoding --------------------------------------------------
+    # Encoder and decoder passes ---------------------------------------------
 
     def encode(self, encoder_inputs, training=False):
         """Encoder output `(B, S, d_model)` for source ids `(B, S)`."""
         encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
-        padding_mask = ops.not_equal(encoder_inputs, PADDING_ID)
+        padding_mask = ops.not_equal(encoder_inputs, PAD_ID)
         return self._encode(encoder_inputs, padding_mask, training=training)
 
-    def initial_cache(self, encoder_inputs, max_length):
+    def decode(self, decoder_inputs, memory, *, step=None, return_attention_scores=False,
+               training=None):
+        """The decoder pass (Sec. 3.1): embeddings plus positions, the decoder
+        stack, then logits over the shared embedding (after a final layer norm
+        in a pre-norm model).
+
+        Args:
+            decoder_inputs: int32 `(B, T)` target ids, padded with 0; with
+                `step`, the ids of positions `step .. step + T - 1`.
+            memory: the encoder side, a dict: `"encoder_padding_mask"` `(B, S)`
+                and either `"encoder_outputs"` `(B, S, d_model)` or
+                `"cross_attention"` (each layer's keys and values, from
+                `initial_cache`); with `step`, also `"self_attention"`, the
+                self-attention cache of `initial_cache`.
+            step: None to decode a whole prefix (causal mask, padded positions
+                masked); an int scalar to write the positions into the
+                self-attention cache at `step` and attend over the cache.
+            return_attention_scores: also return every decoder layer's weights.
+            training: whether dropout is active.
+
+        Returns:
+            float32 logits `(B, T, vocab_size)`; with `step`, `(logits, memory)`
+            with the cache written; with `return_attention_scores`, then a list
+            (a dict per layer) of `"self_attention"` `(B, h, T, T')` and
+            `"cross_attention"` `(B, h, T, S)` weights.
+        """
+        x = self._embed(decoder_inputs, self.decoder_position, self.decoder_dropout,
+                        0 if step is None else step, training)
+        options = dict(encoder_padding_mask=memory["encoder_padding_mask"],
+                       return_attention_scores=return_attention_scores, training=training)
+        if step is None:
+            options["decoder_padding_mask"] = ops.not_equal(decoder_inputs, PAD_ID)  # (B, T)
+        else:
+            options["self_attention_cache_update_index"] = step
+        self_caches, weights = [], []
+        for index, layer in enumerate(self.decoder_layers):
+            if "cross_attention" in memory:
+                options["cross_attention_cache"] = memory["cross_attention"][index]
+            if step is not None:
+                options["self_attention_cache"] = memory["self_attention"][index]
+            outputs = layer(x, memory.get("encoder_outputs"), **options)
+            if not isinstance(outputs, tuple):
+                outputs = (outputs,)
+            x = outputs[0]
+            if step is not None:
+                self_caches.append(outputs[1])
+            if return_attention_scores:
+                weights.append(outputs[-1])
+        results = [self._logits(x)]  # (B, T, V)
+        if step is not None:
+            results.append(dict(memory, self_attention=self_caches))
+        if return_attention_scores:
+            results.append(weights)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    # Incremental decoding --------------------------------------------------
+
+    def initial_cache(self, encoder_inputs, max_decode_length=None):
         """The decoding state for source ids `(B, S)`, before the first step.
 
         Runs the encoder once and every decoder layer's cross-attention key and
@@ -138,34 +188,41 @@ class Transformer(keras.Model):
 
         Args:
             encoder_inputs: int32 `(B, S)` source ids, padded with 0.
-            max_length: the number of decoder positions the self-attention
-                cache holds (the begin-of-sequence token included).
+            max_decode_length: the number of decoder positions the
+                self-attention cache holds (the begin-of-sequence token
+                included); None for no self-attention cache (decoding that
+                re-runs the whole prefix every step).
 
         Returns:
-            A dict: `"self_attention"` and `"cross_attention"`, lists (one entry
-            per decoder layer) of `(keys (B, L, h, d_k), values (B, L, h, d_v))`
-            with `L = max_length` (zeros) and `L = S`; `"encoder_padding_mask"`,
-            boolean `(B, S)`.
+            A dict: `"cross_attention"`, a list (one entry per decoder layer) of
+            `(keys (B, S, h, d_k), values (B, S, h, d_v))`;
+            `"encoder_padding_mask"`, boolean `(B, S)`; and unless
+            `max_decode_length` is None, `"self_attention"`, a list of zero
+            `(keys (B, L, h, d_k), values (B, L, h, d_v))` with
+            `L = max_decode_length`.
         """
         encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
-        padding_mask = ops.not_equal(encoder_inputs, PADDING_ID)  # (B, S)
+        padding_mask = ops.not_equal(encoder_inputs, PAD_ID)  # (B, S)
         encoder_outputs = self._encode(encoder_inputs, padding_mask, training=False)
-        batch_size = ops.shape(encoder_inputs)[0]
-        config = self.config
-        dtype = self._policy.compute_dtype
-
-        def zeros(head_dim):
-            return ops.zeros((batch_size, max_length, config.num_heads, head_dim), dtype)
-
-        return {
-            "self_attention": [
-                (zeros(config.d_k), zeros(config.d_v)) for _ in self.decoder_layers
-            ],
+        cache = {
             "cross_attention": [
                 layer.project_encoder_sequence(encoder_outputs) for layer in self.decoder_layers
             ],
             "encoder_padding_mask": padding_mask,
         }
+        if max_decode_length is None:
+            return cache
+        batch_size = ops.shape(encoder_inputs)[0]
+        config = self.config
+        dtype = self._policy.compute_dtype
+
+        def zeros(head_dim):
+            return ops.zeros((batch_size, max_decode_length, config.num_heads, head_dim), dtype)
+
+        cache["self_attention"] = [
+            (zeros(config.d_k), zeros(config.d_v)) for _ in self.decoder_layers
+        ]
+        return cache
 
     def decode_step(self, token_ids, cache, step):
         """Logits for the position after `step`, and the updated cache.
@@ -181,58 +238,27 @@ class Transformer(keras.Model):
             token, and the cache with position `step` written.
         """
         token_ids = ops.expand_dims(ops.convert_to_tensor(token_ids, "int32"), 1)  # (B, 1)
-        x = self._embed(token_ids, self.decoder_position, self.decoder_dropout, step, False)
-        self_caches = []
-        for layer, self_cache, cross_cache in zip(
-            self.decoder_layers, cache["self_attention"], cache["cross_attention"]
-        ):
-            x, self_cache, _ = layer(
-                x,
-                encoder_padding_mask=cache["encoder_padding_mask"],
-                self_attention_cache=self_cache,
-                self_attention_cache_update_index=step,
-                cross_attention_cache=cross_cache,
-                training=False,
-            )
-            self_caches.append(self_cache)
-        logits = self._logits(x)[:, 0, :]  # (B, V)
-        return logits, dict(cache, self_attention=self_caches)
+        logits, cache = self.decode(token_ids, cache, step=step, training=False)
+        return logits[:, 0, :], cache  # (B, V)
 
-    # Distributed training --------------------------------------------------
+    def step_function(self, use_cache=True):
+        """The step function that `decoding.beam_search` and `greedy_search`
+        search over: `step_fn(ids (N, T), step, cache) -> (logits (N, V), cache)`.
 
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        # Before the first step, Keras 3 (TensorFlow trainer) learns the batch's
-        # structure by *reducing* the first distributed batch across replicas: a
-        # collective that fails under MultiWorkerMirroredStrategy for dict inputs
-        # ("Attempt to convert a value ({'encoder_inputs': PerReplica...",
-        # keras-team/keras#20329). One local replica's batch has the same structure
-        # and dtypes, which is all the symbolic build reads.
-        strategy = self._distribute_strategy
-        if strategy is None or iterator is None:
-            return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
-        for _, _, batches in iterator:
-            data_batch = tf.nest.map_structure(
-                lambda value: strategy.experimental_local_results(value)[0], next(batches)
-            )
-            break
-        with strategy.scope():
-            self._symbolic_build(data_batch=data_batch)
-
-    def train_step(self, data):
-        return self._before_multi_worker_reduction(super().train_step(data))
-
-    def test_step(self, data):
-        return self._before_multi_worker_reduction(super().test_step(data))
-
-    def _before_multi_worker_reduction(self, logs):
-        # Across workers Keras 3 averages each step's logs with
-        # `strategy.reduce("MEAN", value, axis=0)`, which fails on scalars ("Invalid
-        # reduction dimension 0 for input with 0 dimensions", tensorflow#72388).
-        # The values are already the same on every replica (synchronized metrics),
-        # so a length-1 axis makes that mean a no-op that returns the scalar.
-        if not is_multi_worker(self.distribute_strategy):
-            return logs
-        return tf.nest.map_structure(lambda value: tf.reshape(value, [-1]), logs)
+        With `use_cache`, each step decodes one position with the cache of
+        `initial_cache(source, max_decode_length)`; without it (the slow twin
+        that tests and benchmarks compare with), each step re-runs the decoder
+        on the whole prefix `ids[:, :step + 1]` over the cross-attention cache
+        of `initial_cache(source)`.
+        """
+        if use_cache:
+            def step_fn(ids, step, cache):
+                return self.decode_step(ids[:, step], cache, step)
+        else:
+            def step_fn(ids, step, cache):
+                logits = self.decode(ids[:, : step + 1], cache, training=False)
+                return logits[:, -1], cache  # (N, V)
+        return step_fn
 
     # Shared pieces ---------------------------------------------------------
 
@@ -268,12 +294,6 @@ class Transformer(keras.Model):
         if isinstance(config.get("dtype"), dict):
             config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
         return cls(**config)
-
-
-def is_multi_worker(strategy):
-    """Whether `strategy` is a MultiWorkerMirroredStrategy spanning several workers."""
-    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-            and strategy.extended._in_multi_worker_mode())
 
 
 def build_transformer(config):

@@ -48,6 +48,10 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         rate = ops.minimum(ops.power(step_num, -0.5), step_num * ops.power(warmup, -1.5))
         return ops.cast(self.scale, "float32") * self.d_model**-0.5 * rate
 
+    def peak_learning_rate(self):
+        """The rate at step `warmup_steps`: `scale * (d_model * warmup_steps)^-0.5`."""
+        return _value(self.scale) * (self.d_model * _value(self.warmup_steps)) ** -0.5
+
     def get_config(self):
         return {"d_model": self.d_model, "warmup_steps": _value(self.warmup_steps),
                 "scale": _value(self.scale)}

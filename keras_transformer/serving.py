@@ -6,9 +6,10 @@ length + 50, but terminate early when possible."
 
 `Translator` is a `tf.Module` whose `tf.function`s hold the whole pipeline:
 subword tokenization, the encoder once per source, the cached beam search of
-`keras_transformer.decoding`, and detokenization. `export_translator` saves it
-as a SavedModel in the layout TensorFlow Serving reads (`EXPORT_DIR/<version>/`)
-with these signatures:
+`keras_transformer.decoding`, and detokenization.
+`keras_transformer.saved_model.export_translator` saves it as a SavedModel in
+the layout TensorFlow Serving reads (`EXPORT_DIR/<version>/`) with these
+signatures:
 
 | signature         | inputs                                   | outputs                              |
 |-------------------|------------------------------------------|--------------------------------------|
@@ -55,43 +56,26 @@ sequence included), and never more than `max_output_length` (the model's
 `max_input_length + extra_length` for sinusoids).
 """
 
-import json
-import os
-import shutil
-import subprocess
-import sys
-
-import keras
-import numpy as np
 import tensorflow as tf
-from tensorflow_serving.apis import model_pb2
-from tensorflow_serving.apis import predict_pb2
-from tensorflow_serving.apis import prediction_log_pb2
 
 from keras_transformer import decoding
-from keras_transformer.config import TransformerConfig
-from keras_transformer.data.tokenizer import BOS_ID
-from keras_transformer.data.tokenizer import EOS_ID
-from keras_transformer.data.tokenizer import PAD_ID
-from keras_transformer.data.tokenizer import SubwordTokenizer
-from keras_transformer.model import build_transformer
+from keras_transformer import runs
+from keras_transformer.token_ids import BOS_ID
+from keras_transformer.token_ids import EOS_ID
+from keras_transformer.token_ids import PAD_ID
 
 DEFAULT_BEAM_SIZES = (1, 2, 4, 8)
 # Sources are padded to a multiple of this many tokens, so that a
 # jit-compiled search sees a bounded number of shapes.
 SOURCE_LENGTH_GRANULARITY = 8
-SIGNATURES = ("serving_default", "translate", "translate_ids", "translate_nbest")
-CONFIG_FILENAME = "config.json"
-WARMUP_FILENAME = "tf_serving_warmup_requests"
-WARMUP_TEXTS = (
-    "Hello.",
-    "This sentence warms up the model server before the first request arrives.",
+TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
+IDS_SPEC = tf.TensorSpec([None, None], tf.int32, name="ids")
+# The decoding settings a caller may give, after the text or ids.
+KNOB_SPECS = (
+    tf.TensorSpec([], tf.int32, name="beam_size"),
+    tf.TensorSpec([], tf.float32, name="alpha"),
+    tf.TensorSpec([], tf.int32, name="extra_length"),
 )
-
-# Run directory layout (written by train.py).
-RUN_CONFIG = "config.json"
-RUN_VOCAB = "vocab"
-RUN_WEIGHTS = {"averaged": "averaged.weights.h5", "final": "model.keras"}
 
 
 class Translator(tf.Module):
@@ -120,7 +104,8 @@ class Translator(tf.Module):
         use_cache: False decodes without the self-attention key/value cache:
             the encoder and cross-attention projections still run once, but
             every step re-runs the decoder on the whole prefix
-            (`uncached_decoder_step_fn`), for tests and benchmarks. Not with
+            (`Transformer.step_function(use_cache=False)`), for tests and
+            benchmarks. Not with
             `jit_compile`.
         ignore_eos: the end-of-sequence token does not end a hypothesis, so
             every search runs to its length limit (benchmarks with random
@@ -133,7 +118,7 @@ class Translator(tf.Module):
     outputs = translator.translate(tf.constant(["In the beginning."]))
     outputs["translation"], outputs["score"]          # (1,) string, (1,) float32
     translator.translate_nbest(texts, beam_size=tf.constant(8))["translations"]  # (B, 8)
-    export_translator(translator, "exports/en-es")     # exports/en-es/1/
+    saved_model.export_translator(translator, "exports/en-es")  # exports/en-es/1/
     ```
     """
 
@@ -161,7 +146,7 @@ class Translator(tf.Module):
                 f"was built for vocab_size={config.vocab_size}; pass the vocabulary the "
                 "model was trained with"
             )
-        beam_sizes = tuple(sorted({_positive("beam_sizes", k) for k in beam_sizes}))
+        beam_sizes = tuple(sorted({positive_int("beam_sizes", k) for k in beam_sizes}))
         if beam_size not in beam_sizes:
             raise ValueError(
                 f"Translator: beam_size must be one of beam_sizes={beam_sizes}. "
@@ -174,13 +159,13 @@ class Translator(tf.Module):
             )
         if max_input_length is None:
             max_input_length = config.max_length
-        max_input_length = _positive("max_input_length", max_input_length)
+        max_input_length = positive_int("max_input_length", max_input_length)
         if max_output_length is None:
             if config.positional_encoding == "learned":
                 max_output_length = config.max_length
             else:
                 max_output_length = max_input_length + extra_length
-        max_output_length = _positive("max_output_length", max_output_length)
+        max_output_length = positive_int("max_output_length", max_output_length)
         if config.positional_encoding == "learned" and max_output_length > config.max_length:
             raise ValueError(
                 f"Translator: max_output_length={max_output_length} exceeds the "
@@ -211,97 +196,24 @@ class Translator(tf.Module):
         self.ignore_eos = bool(ignore_eos)
         self._searches = [self._search_function(k) for k in beam_sizes]
 
-        # The public functions are built here so that their defaults, which
-        # become the SignatureDef defaults, are this translator's settings.
-        text_spec = tf.TensorSpec([None], tf.string, name="text")
-        ids_spec = tf.TensorSpec([None, None], tf.int32, name="ids")
-        knob_specs = [
-            tf.TensorSpec([], tf.int32, name="beam_size"),
-            tf.TensorSpec([], tf.float32, name="alpha"),
-            tf.TensorSpec([], tf.int32, name="extra_length"),
-        ]
-        defaults = dict(
-            beam_size=tf.constant(beam_size, tf.int32),
-            alpha=tf.constant(alpha, tf.float32),
-            extra_length=tf.constant(extra_length, tf.int32),
-        )
-
-        def translate(text, beam_size=defaults["beam_size"], alpha=defaults["alpha"],
-                      extra_length=defaults["extra_length"]):
-            """Best translation and its score: `{"translation": (B,), "score": (B,)}`."""
-            ids, scores, lengths = self._search_text(text, beam_size, alpha, extra_length)
-            empty = tf.equal(lengths, 0)  # (B,)
-            return {
-                "translation": tf.where(empty, "", self._detokenize(ids[:, 0])),
-                "score": tf.where(empty, 0.0, scores[:, 0]),
-            }
-
-        def translate_nbest(text, beam_size=defaults["beam_size"], alpha=defaults["alpha"],
-                            extra_length=defaults["extra_length"]):
-            """The K best: `{"translations": (B, K), "scores": (B, K)}`, best first."""
-            ids, scores, lengths = self._search_text(text, beam_size, alpha, extra_length)
-            shape = tf.shape(ids)  # (B, K, T)
-            texts = self._detokenize(tf.reshape(ids, [-1, shape[2]]))
-            texts = tf.reshape(texts, shape[:2])  # (B, K)
-            empty = tf.equal(lengths, 0)[:, tf.newaxis]  # (B, 1)
-            first = tf.range(shape[1]) == 0  # (K,)
-            # An empty source has one hypothesis, the empty one.
-            return {
-                "translations": tf.where(empty | (scores == float("-inf")), "", texts),
-                "scores": tf.where(empty, tf.where(first, 0.0, float("-inf")), scores),
-            }
-
-        def translate_ids(ids, beam_size=defaults["beam_size"], alpha=defaults["alpha"],
-                          extra_length=defaults["extra_length"]):
-            """Ids in, ids out: `{"ids": (B, T), "score": (B,)}`, without BOS/EOS."""
-            tf.debugging.assert_greater_equal(
-                ids, 0, message="translate_ids: ids must be >= 0 (0 is padding)"
-            )
-            tf.debugging.assert_less(
-                ids, config.vocab_size,
-                message=f"translate_ids: ids must be < vocab_size={config.vocab_size}",
-            )
-            tokens = tf.RaggedTensor.from_tensor(ids, padding=PAD_ID)
-            best, scores, lengths = self._search(tokens, beam_size, alpha, extra_length)
-            empty = tf.equal(lengths, 0)[:, tf.newaxis]  # (B, 1)
-            best = best[:, 0]  # (B, T)
-            best = tf.where(tf.equal(best, EOS_ID) | empty, PAD_ID, best)
-            # The longest hypothesis; max(.., 0) for an empty batch.
-            width = tf.maximum(
-                tf.reduce_max(tf.reduce_sum(tf.cast(best != PAD_ID, tf.int32), axis=1)), 0
-            )
-            return {
-                "ids": best[:, :width],
-                "score": tf.where(empty[:, 0], 0.0, scores[:, 0]),
-            }
-
         # No autograph: the loops are explicit tf.while_loops, and converting
         # the model's Python code costs most of the tracing time.
-        self.translate_ids = tf.function(
-            translate_ids, input_signature=[ids_spec, *knob_specs], autograph=False
-        )
+        self.translate_ids = self._with_knobs(self._translate_ids, IDS_SPEC)
         if tokenizer is None:
             # The ids-only export: not one tensorflow-text op in its graph.
-            self.serve = tf.function(
-                lambda ids: self.translate_ids(ids), input_signature=[ids_spec],
-                autograph=False,
-            )
+            self.serve = tf.function(lambda ids: self.translate_ids(ids),
+                                     input_signature=[IDS_SPEC], autograph=False)
             return
-        self.translate = tf.function(
-            translate, input_signature=[text_spec, *knob_specs], autograph=False
-        )
-        self.translate_nbest = tf.function(
-            translate_nbest, input_signature=[text_spec, *knob_specs], autograph=False
-        )
+        self.translate = self._with_knobs(self._translate, TEXT_SPEC)
+        self.translate_nbest = self._with_knobs(self._translate_nbest, TEXT_SPEC)
         # The paper's settings, text only: the REST-friendly signature.
-        self.serve = tf.function(
-            lambda text: self.translate(text), input_signature=[text_spec], autograph=False
-        )
+        self.serve = tf.function(lambda text: self.translate(text),
+                                 input_signature=[TEXT_SPEC], autograph=False)
 
     @classmethod
     def from_run(cls, run_dir, weights="averaged", **kwargs):
-        """A translator for a training run directory (see `load_run`)."""
-        model, tokenizer, _ = load_run(run_dir, weights)
+        """A translator for a training run directory (see `runs.load_run`)."""
+        model, tokenizer, _ = runs.load_run(run_dir, weights)
         return cls(model, tokenizer, **kwargs)
 
     @property
@@ -333,6 +245,70 @@ class Translator(tf.Module):
             "use_cache": self.use_cache,
             "ignore_eos": self.ignore_eos,
             "ids_only": self.ids_only,
+        }
+
+    # Signatures --------------------------------------------------------------
+
+    def _with_knobs(self, body, input_spec):
+        """`body(inputs, beam_size, alpha, extra_length)` as a `tf.function` whose
+        knobs are optional inputs defaulting to this translator's settings,
+        which become the SignatureDef's defaults."""
+        beam_size = tf.constant(self.beam_size, tf.int32)
+        alpha = tf.constant(self.alpha, tf.float32)
+        extra_length = tf.constant(self.extra_length, tf.int32)
+        if input_spec.name == "ids":
+            def function(ids, beam_size=beam_size, alpha=alpha, extra_length=extra_length):
+                return body(ids, beam_size, alpha, extra_length)
+        else:
+            def function(text, beam_size=beam_size, alpha=alpha, extra_length=extra_length):
+                return body(text, beam_size, alpha, extra_length)
+        function.__doc__ = body.__doc__
+        return tf.function(function, input_signature=[input_spec, *KNOB_SPECS], autograph=False)
+
+    def _translate(self, text, beam_size, alpha, extra_length):
+        """Best translation and its score: `{"translation": (B,), "score": (B,)}`."""
+        ids, scores, lengths = self._search_text(text, beam_size, alpha, extra_length)
+        empty = tf.equal(lengths, 0)  # (B,)
+        return {
+            "translation": tf.where(empty, "", self._detokenize(ids[:, 0])),
+            "score": tf.where(empty, 0.0, scores[:, 0]),
+        }
+
+    def _translate_nbest(self, text, beam_size, alpha, extra_length):
+        """The K best: `{"translations": (B, K), "scores": (B, K)}`, best first."""
+        ids, scores, lengths = self._search_text(text, beam_size, alpha, extra_length)
+        shape = tf.shape(ids)  # (B, K, T)
+        texts = self._detokenize(tf.reshape(ids, [-1, shape[2]]))
+        texts = tf.reshape(texts, shape[:2])  # (B, K)
+        empty = tf.equal(lengths, 0)[:, tf.newaxis]  # (B, 1)
+        first = tf.range(shape[1]) == 0  # (K,)
+        # An empty source has one hypothesis, the empty one.
+        return {
+            "translations": tf.where(empty | (scores == float("-inf")), "", texts),
+            "scores": tf.where(empty, tf.where(first, 0.0, float("-inf")), scores),
+        }
+
+    def _translate_ids(self, ids, beam_size, alpha, extra_length):
+        """Ids in, ids out: `{"ids": (B, T), "score": (B,)}`, without BOS/EOS."""
+        vocab_size = self.model.config.vocab_size
+        tf.debugging.assert_greater_equal(
+            ids, 0, message="translate_ids: ids must be >= 0 (0 is padding)"
+        )
+        tf.debugging.assert_less(
+            ids, vocab_size, message=f"translate_ids: ids must be < vocab_size={vocab_size}"
+        )
+        tokens = tf.RaggedTensor.from_tensor(ids, padding=PAD_ID)
+        best, scores, lengths = self._search(tokens, beam_size, alpha, extra_length)
+        empty = tf.equal(lengths, 0)[:, tf.newaxis]  # (B, 1)
+        best = best[:, 0]  # (B, T)
+        best = tf.where(tf.equal(best, EOS_ID) | empty, PAD_ID, best)
+        # The longest hypothesis; max(.., 0) for an empty batch.
+        width = tf.maximum(
+            tf.reduce_max(tf.reduce_sum(tf.cast(best != PAD_ID, tf.int32), axis=1)), 0
+        )
+        return {
+            "ids": best[:, :width],
+            "score": tf.where(empty[:, 0], 0.0, scores[:, 0]),
         }
 
     # Pipeline ----------------------------------------------------------------
@@ -411,18 +387,10 @@ class Translator(tf.Module):
 
         def search(source_ids, max_lengths, max_length, alpha):
             batch_size = tf.shape(source_ids)[0]
-            if self.use_cache:
-                # The encoder and the cross-attention projections run once.
-                cache = model.initial_cache(source_ids, max_length=max_length)
-
-                def step_fn(ids, step, cache):
-                    return model.decode_step(ids[:, step], cache, step)
-            else:
-                cache = model.initial_cache(source_ids, max_length=1)
-                cache = {key: cache[key] for key in ("cross_attention", "encoder_padding_mask")}
-                step_fn = uncached_decoder_step_fn(model)
+            # The encoder and the cross-attention projections run once.
+            cache = model.initial_cache(source_ids, max_length if self.use_cache else None)
             return decoding.beam_search(
-                step_fn,
+                model.step_function(self.use_cache),
                 tf.fill([batch_size], BOS_ID),
                 cache,
                 vocab_size=vocab_size,
@@ -451,360 +419,8 @@ class Translator(tf.Module):
         return self.tokenizer.detokenize(ids)
 
 
-def full_decoder_step_fn(model):
-    """A step function without a key/value cache: the slow, obvious twin.
-
-    Every step re-runs the whole model (encoder and decoder) on the source and
-    on the full prefix `ids[:, :step + 1]`, and returns the logits of its last
-    position. Its cache holds only `{"source_ids": (N, S)}`, which beam search
-    tiles and reorders like any cache.
-    """
-
-    def step_fn(ids, step, cache):
-        logits = model(
-            {"encoder_inputs": cache["source_ids"], "decoder_inputs": ids[:, : step + 1]},
-            training=False,
-        )  # (N, step + 1, V)
-        return logits[:, -1], cache
-
-    return step_fn
-
-
-def uncached_decoder_step_fn(model):
-    """A step function without the self-attention cache: decoding as it is
-    done without incremental state.
-
-    The cache holds what `Transformer.initial_cache` computes once per source,
-    `"cross_attention"` keys and values and the `"encoder_padding_mask"`;
-    every step re-runs the decoder stack on the full prefix `ids[:, :step + 1]`
-    (the layers as the model's functional graph runs them, no dropout) and
-    projects its last position to logits.
-    """
-
-    def step_fn(ids, step, cache):
-        prefix = ids[:, : step + 1]  # (N, step + 1)
-        # Sec. 3.4-3.5: scaled embeddings plus positional encodings.
-        x = model.embedding(prefix)
-        x = x + model.decoder_position(x)
-        for layer, cross_attention in zip(model.decoder_layers, cache["cross_attention"]):
-            x = layer(
-                x,
-                decoder_padding_mask=prefix != PAD_ID,
-                encoder_padding_mask=cache["encoder_padding_mask"],
-                cross_attention_cache=cross_attention,
-                training=False,
-            )
-        x = x[:, -1:]  # (N, 1, d); only the next token's logits are needed
-        if model.decoder_norm is not None:
-            x = model.decoder_norm(x)
-        return model.embedding(x, reverse=True)[:, 0], cache  # (N, V)
-
-    return step_fn
-
-
-# Run directories -------------------------------------------------------------
-
-
-def load_run(run_dir, weights="averaged"):
-    """Loads the model and tokenizer of a training run directory.
-
-    Layout (written by train.py): `config.json` (a JSON object whose `"model"`
-    is the `TransformerConfig`), `vocab/` (`SubwordTokenizer.save`),
-    `averaged.weights.h5` (averaged weights) and `model.keras` (final model).
-
-    Args:
-        run_dir: the run directory.
-        weights: "averaged" (the paper's checkpoint average) or "final".
-
-    Returns:
-        `(model, tokenizer, run_config)`, the last the parsed config.json.
-    """
-    if weights not in RUN_WEIGHTS:
-        raise ValueError(
-            f"weights must be one of {sorted(RUN_WEIGHTS)}. Received: weights={weights!r}"
-        )
-    if not os.path.isdir(run_dir):
-        raise FileNotFoundError(f"run directory {run_dir} does not exist")
-    config_path = os.path.join(run_dir, RUN_CONFIG)
-    if not os.path.exists(config_path):
-        raise FileNotFoundError(
-            f"{config_path} not found; is {run_dir} a run directory written by train.py?"
-        )
-    with open(config_path) as f:
-        run_config = json.load(f)
-    if not isinstance(run_config, dict) or "model" not in run_config:
-        raise ValueError(f"{config_path} has no \"model\" entry (the TransformerConfig)")
-    config = TransformerConfig.from_dict(run_config["model"])
-    tokenizer = SubwordTokenizer.load(os.path.join(run_dir, RUN_VOCAB))
-    weights_path = os.path.join(run_dir, RUN_WEIGHTS[weights])
-    if not os.path.exists(weights_path):
-        other = "final" if weights == "averaged" else "averaged"
-        raise FileNotFoundError(
-            f"{weights_path} not found; the run has no {weights} weights "
-            f"(try weights={other!r})"
-        )
-    if weights == "final":
-        model = keras.saving.load_model(weights_path)
-    else:
-        model = build_transformer(config)
-        model.load_weights(weights_path)
-    if model.config != config:
-        raise ValueError(
-            f"{weights_path} holds a model whose config differs from {config_path}"
-        )
-    return model, tokenizer, run_config
-
-
-# Export ----------------------------------------------------------------------
-
-
-class ExportError(RuntimeError):
-    """The export could not be written, or did not pass its check."""
-
-
-def export_translator(
-    translator,
-    export_dir,
-    version=None,
-    *,
-    config=None,
-    warmup_texts=WARMUP_TEXTS,
-    check_texts=None,
-    check=True,
-):
-    """Writes `translator` as a SavedModel that TF Serving runs.
-
-    The export is written under a temporary name in `export_dir` (TF Serving
-    ignores names that are not numbers), checked, then renamed to
-    `export_dir/<version>/`, so a model server watching `export_dir` never
-    sees a partial version.
-
-    Args:
-        translator: a `Translator` (an ids-only one gives an export without
-            tensorflow-text ops).
-        export_dir: the model's base directory (TF Serving's `model_base_path`).
-        version: int, the version directory; defaults to one more than the
-            largest version there (1 for a new directory).
-        config: optional JSON-ready dict (e.g. the run's config) written with
-            the translator's settings to `assets.extra/config.json`.
-        warmup_texts: sentences of the TF Serving warm-up requests
-            (`assets.extra/tf_serving_warmup_requests`); empty for none.
-        check_texts: sentences for the check; defaults to `warmup_texts` plus
-            an empty and a whitespace-only string.
-        check: reload the export in a separate Python process that imports
-            only tensorflow (and tensorflow_text, unless ids-only) and compare
-            its outputs with the in-memory translator's (`check_export`).
-
-    Returns:
-        The path of the version directory.
-
-    Raises:
-        ExportError: the version exists already, or the check failed.
-    """
-    version = next_version(export_dir) if version is None else _positive("version", version)
-    final_path = os.path.join(export_dir, str(version))
-    if os.path.exists(final_path):
-        raise ExportError(f"{final_path} exists already; pass another version")
-    os.makedirs(export_dir, exist_ok=True)
-    temporary_path = os.path.join(export_dir, f".partial-{version}-{os.getpid()}")
-    shutil.rmtree(temporary_path, ignore_errors=True)
-    signatures = translator.signatures()
-    try:
-        tf.saved_model.save(translator, temporary_path, signatures=signatures)
-        extra = os.path.join(temporary_path, "assets.extra")
-        os.makedirs(extra, exist_ok=True)
-        resolved = {
-            "model": translator.model.config.to_dict(),
-            "translator": translator.settings(),
-            "signatures": sorted(signatures),
-        }
-        if config is not None:
-            resolved["run"] = config
-        with open(os.path.join(extra, CONFIG_FILENAME), "w") as f:
-            json.dump(resolved, f, indent=2, sort_keys=True)
-            f.write("\n")
-        if warmup_texts:
-            write_warmup_requests(
-                os.path.join(extra, WARMUP_FILENAME), warmup_texts, translator.ids_only
-            )
-        if check:
-            if translator.ids_only:
-                inputs = {"ids": _example_ids(translator.model.config.vocab_size)}
-                expected = translator.translate_ids(tf.constant(inputs["ids"], tf.int32))
-            else:
-                texts = list(check_texts if check_texts is not None else warmup_texts)
-                if check_texts is None:
-                    texts += ["", "   "]
-                inputs = {"text": texts}
-                expected = translator.translate(tf.constant(texts, tf.string))
-            check_export(temporary_path, inputs, expected, text_ops=not translator.ids_only)
-        os.rename(temporary_path, final_path)
-    finally:
-        shutil.rmtree(temporary_path, ignore_errors=True)
-    return final_path
-
-
-def next_version(export_dir):
-    """One more than the largest numeric version directory in `export_dir`."""
-    if not os.path.isdir(export_dir):
-        return 1
-    versions = [int(name) for name in os.listdir(export_dir) if name.isdigit()]
-    return max(versions, default=0) + 1
-
-
-def write_warmup_requests(path, texts, ids_only=False):
-    """Writes TF Serving warm-up requests: one Predict request per signature.
-
-    TF Serving replays `assets.extra/tf_serving_warmup_requests` (a TFRecord
-    file of `PredictionLog` protos) when it loads a version, so the first real
-    request does not pay for graph initialization.
-    """
-    texts = tf.make_tensor_proto(
-        [t.encode("utf-8") if isinstance(t, str) else t for t in texts], tf.string
-    )
-    ids = tf.make_tensor_proto([[4, 5, 6, 7], [8, 9, 0, 0]], tf.int32)
-    if ids_only:
-        requests = [("serving_default", {"ids": ids}), ("translate_ids", {"ids": ids})]
-    else:
-        requests = [
-            ("serving_default", {"text": texts}),
-            ("translate", {"text": texts}),
-            ("translate_nbest", {"text": texts}),
-            ("translate_ids", {"ids": ids}),
-        ]
-    with tf.io.TFRecordWriter(path) as writer:
-        for signature_name, inputs in requests:
-            request = predict_pb2.PredictRequest(
-                model_spec=model_pb2.ModelSpec(signature_name=signature_name)
-            )
-            for name, tensor in inputs.items():
-                request.inputs[name].CopyFrom(tensor)
-            log = prediction_log_pb2.PredictionLog(
-                predict_log=prediction_log_pb2.PredictLog(request=request)
-            )
-            writer.write(log.SerializeToString())
-
-
-# Run in a fresh interpreter by `check_export`: tensorflow, tensorflow_text if
-# asked, and nothing of this package.
-_CHECK_SCRIPT = r"""
-import json, sys
-import tensorflow as tf
-request = json.loads(sys.stdin.read())
-if request["text_ops"]:
-    import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
-loaded = tf.saved_model.load(request["path"])
-inputs = {name: tf.constant(value, dtype) for name, (value, dtype) in request["inputs"].items()}
-outputs = loaded.signatures[request["signature"]](**inputs)
-
-def to_list(tensor):
-    value = tensor.numpy()
-    if value.dtype == object:
-        return [[t.decode("utf-8", "replace") for t in row] if value.ndim == 2
-                else row.decode("utf-8", "replace") for row in value]
-    return value.tolist()
-
-print(json.dumps({
-    "outputs": {name: to_list(tensor) for name, tensor in outputs.items()},
-    "signatures": sorted(loaded.signatures),
-    "modules": sorted({m.split(".")[0] for m in sys.modules}),
-}))
-"""
-
-
-def check_export(path, inputs, expected, *, signature="serving_default", text_ops=True,
-                 atol=1e-4):
-    """Reloads a SavedModel in a separate process and compares its outputs.
-
-    The process imports only tensorflow, and tensorflow_text if `text_ops` (an
-    ids-only export must load without it); it fails if anything imports
-    `keras_transformer`. It runs `signature` on `inputs`, whose outputs must
-    equal `expected` (strings and ints exactly, floats within `atol`).
-
-    Args:
-        path: the SavedModel directory.
-        inputs: dict of input name to value: a list of strings for "text", a
-            list of int lists for "ids", numbers for the knobs.
-        expected: dict of output name to the in-memory translator's tensor.
-        signature: the signature to run.
-        text_ops: whether the process may import tensorflow_text.
-        atol: tolerance of float outputs.
-
-    Returns:
-        The child's report: `outputs`, `signatures`, `modules` (top-level
-        modules it imported).
-
-    Raises:
-        ExportError: the process failed, or its results differ.
-    """
-    def jsonable(name, value):
-        if name == "text":
-            return [v.decode("utf-8") if isinstance(v, bytes) else v for v in value], "string"
-        if name == "ids":
-            return [[int(i) for i in row] for row in value], "int32"
-        if name == "alpha":
-            return float(value), "float32"
-        return int(value), "int32"  # beam_size, extra_length
-
-    request = {
-        "path": os.path.abspath(path),
-        "signature": signature,
-        "text_ops": bool(text_ops),
-        "inputs": {name: jsonable(name, value) for name, value in inputs.items()},
-    }
-    # Run from the export's directory, so the package is not found through the
-    # working directory; a leak shows in the report's modules.
-    result = subprocess.run(
-        [sys.executable, "-c", _CHECK_SCRIPT],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        cwd=os.path.dirname(os.path.abspath(path)),
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-        check=False,
-    )
-    if result.returncode != 0:
-        raise ExportError(
-            f"reloading {path} in a separate process failed:\n{result.stderr[-3000:]}"
-        )
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    if "keras_transformer" in report["modules"]:
-        raise ExportError(f"reloading {path} imported keras_transformer")
-    if not text_ops and "tensorflow_text" in report["modules"]:
-        raise ExportError(f"reloading {path} imported tensorflow_text")
-    compare_outputs(report["outputs"], expected, signature, atol)
-    return report
-
-
-def compare_outputs(outputs, expected, signature="serving_default", atol=1e-4):
-    """Raises `ExportError` unless `outputs` (JSON-decoded lists, as the check
-    process reports them) equal `expected` (tensors or arrays)."""
-    for name, want in expected.items():
-        want = np.asarray(want)
-        got = outputs.get(name)
-        if got is None:
-            raise ExportError(f"the reloaded {signature} has no output {name!r}")
-        if want.dtype == object:
-            want = np.vectorize(lambda t: t.decode("utf-8", "replace"), otypes=[object])(want)
-            same = want.shape == np.shape(got) and want.tolist() == got
-        elif np.issubdtype(want.dtype, np.floating):
-            same = want.shape == np.shape(got) and np.allclose(want, got, atol=atol)
-        else:
-            same = want.shape == np.shape(got) and np.array_equal(want, got)
-        if not same:
-            raise ExportError(
-                f"the reloaded export's {signature} gives {name}={got!r}; the in-memory "
-                f"translator gives {want.tolist()!r}"
-            )
-
-
-def _example_ids(vocab_size):
-    """A small batch of source ids for checks: two sentences and an empty one."""
-    ids = [[4, 5, 6, 7], [8, 9, 10, 0], [0, 0, 0, 0]]
-    return [[min(i, vocab_size - 1) for i in row] for row in ids]
-
-
-def _positive(name, value):
+def positive_int(name, value):
+    """`value`, checked to be an int >= 1 (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int. Received: {name}={value!r}")
     return value

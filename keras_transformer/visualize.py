@@ -13,9 +13,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import serving
-from keras_transformer.data.tokenizer import BOS_ID
-from keras_transformer.data.tokenizer import EOS_ID
-from keras_transformer.data.tokenizer import PAD_ID
+from keras_transformer.token_ids import BOS_ID
+from keras_transformer.token_ids import EOS_ID
 
 
 @dataclasses.dataclass
@@ -76,7 +75,7 @@ def cross_attention_weights(model, tokenizer, source, target=None, *, layer=-1,
     if source_ids.shape[1] == 0:
         raise ValueError("the source has no tokens: nothing to attend to")
 
-    weights = decoder_attention(model, source_ids, decoder_inputs)[layer]
+    weights = decoder_attention(model, source_ids, decoder_inputs)[1][layer]
     return AttentionWeights(
         weights=weights["cross_attention"][0].numpy(),  # (h, T, S)
         source_tokens=_pieces(tokenizer, source_ids[0]),
@@ -88,36 +87,17 @@ def cross_attention_weights(model, tokenizer, source, target=None, *, layer=-1,
 def decoder_attention(model, encoder_inputs, decoder_inputs):
     """Every decoder layer's attention weights for a teacher-forced pass.
 
-    Runs the layers of `model` as its functional graph does in inference
-    (embeddings scaled and summed with positions, no dropout), asking each
-    decoder layer for its weights.
+    Runs the model's own decoder pass (`Transformer.decode`, no dropout) over
+    the encoder's output.
 
     Returns:
-        A list (one per decoder layer) of dicts `{"self_attention": (B, h, T,
-        T), "cross_attention": (B, h, T, S)}`, and as the last element's
-        `"outputs"` the final decoder states `(B, T, d_model)` (before a
-        pre-norm model's final layer norm), which tests compare with the
-        model's logits.
+        `(logits, weights)`: the logits `(B, T, vocab_size)`, which equal the
+        model's, and a list (one per decoder layer) of dicts
+        `{"self_attention": (B, h, T, T), "cross_attention": (B, h, T, S)}`.
     """
-    encoder_inputs = tf.convert_to_tensor(encoder_inputs, tf.int32)
-    decoder_inputs = tf.convert_to_tensor(decoder_inputs, tf.int32)
-    encoder_outputs = model.encode(encoder_inputs)  # (B, S, d)
-    # Sec. 3.4-3.5: scaled embeddings plus positional encodings.
-    x = model.embedding(decoder_inputs)  # (B, T, d)
-    x = x + model.decoder_position(x)
-    results = []
-    for decoder_layer in model.decoder_layers:
-        x, weights = decoder_layer(
-            x,
-            encoder_outputs,
-            decoder_padding_mask=decoder_inputs != PAD_ID,
-            encoder_padding_mask=encoder_inputs != PAD_ID,
-            return_attention_scores=True,
-            training=False,
-        )
-        results.append(dict(weights))
-    results[-1]["outputs"] = x
-    return results
+    memory = model.initial_cache(tf.convert_to_tensor(encoder_inputs, tf.int32))
+    return model.decode(tf.convert_to_tensor(decoder_inputs, tf.int32), memory,
+                        return_attention_scores=True, training=False)
 
 
 def plot_cross_attention(attention, path, *, title=None, columns=4, dpi=120):

@@ -9,9 +9,24 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _float32_policy_and_seed():
-    """Each test starts under float32 with fixed seeds, whatever the last one set."""
+def _float32_policy_and_seed(request):
+    """Each test starts under float32 with fixed seeds, whatever the last one set.
+
+    Modules marked `keeps_graphs` are not reseeded: `keras.utils.set_random_seed`
+    clears TensorFlow's kernel cache, after which every test would trace their
+    module-scoped translators' graphs again (seconds each). They draw no random
+    numbers after their module fixtures.
+    """
     keras.config.set_dtype_policy("float32")
-    keras.utils.set_random_seed(1234)
+    if request.node.get_closest_marker("keeps_graphs") is None:
+        keras.utils.set_random_seed(1234)
     yield
     keras.config.set_dtype_policy("float32")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """A 400-id vocabulary learned from the bundled corpus (tests/translation_fixtures.py)."""
+    from tests.translation_fixtures import make_tokenizer
+
+    return make_tokenizer()

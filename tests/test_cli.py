@@ -9,7 +9,6 @@ import pytest
 from tests.translation_fixtures import SENTENCES
 from tests.translation_fixtures import make_model
 from tests.translation_fixtures import make_run_dir
-from tests.translation_fixtures import make_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,8 +57,7 @@ def test_a_directory_that_is_not_a_run(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    tokenizer = make_tokenizer()
+def run_dir(tmp_path_factory, tokenizer):
     path = tmp_path_factory.mktemp("cli") / "run"
     return make_run_dir(path, tokenizer, make_model(tokenizer.vocab_size))
 

@@ -10,8 +10,8 @@ from keras_transformer import serving
 from tests.translation_fixtures import SENTENCES
 from tests.translation_fixtures import make_model
 from tests.translation_fixtures import make_run_dir
-from tests.translation_fixtures import _float32_policy_and_seed  # noqa: F401 (autouse)
-from tests.translation_fixtures import tokenizer  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.keeps_graphs
 
 
 @pytest.fixture(scope="module")

@@ -66,7 +66,7 @@ def test_cached_step_by_step_decoding_equals_full_pass(model):
     source, target = _ids(3, 7), _ids(3, 6)
     source[1, 4:] = 0  # a padded source in the batch
     full = _logits(model, source, target)
-    cache = model.initial_cache(source, max_length=10)
+    cache = model.initial_cache(source, max_decode_length=10)
     for step in range(target.shape[1]):
         logits, cache = model.decode_step(target[:, step], cache, step)
         np.testing.assert_allclose(logits, full[:, step], atol=1e-5)
@@ -80,7 +80,7 @@ def test_cached_decoding_compiles_with_xla(model):
 
     @tf.function(jit_compile=True)
     def decode(source, target):
-        cache = model.initial_cache(source, max_length=3)
+        cache = model.initial_cache(source, max_decode_length=3)
         logits = []
         for step in range(3):
             step_logits, cache = model.decode_step(target[:, step], cache, tf.constant(step))

@@ -1,32 +1,22 @@
-"""Tests for keras_transformer.serving: the Translator module and its export.
-
-The fast tests run the in-memory `Translator`; the export tests (slow: one
-export, reloaded in a separate process) check the SavedModel as TF Serving and
-other TensorFlow programs see it.
-"""
-
-import json
-import os
-import subprocess
-import sys
+"""Tests for keras_transformer.serving: the in-memory `Translator` (its export:
+tests/test_saved_model.py)."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow_serving.apis import prediction_log_pb2
 
 from keras_transformer import decoding
 from keras_transformer import serving
 from keras_transformer.data import BOS_ID, EOS_ID
 from tests.translation_fixtures import SENTENCES
 from tests.translation_fixtures import make_model
-from tests.translation_fixtures import make_run_dir
-from tests.translation_fixtures import _float32_policy_and_seed  # noqa: F401 (autouse)
-from tests.translation_fixtures import tokenizer  # noqa: F401 (fixture)
+from tests.translation_fixtures import BAD_UTF8
+from tests.translation_fixtures import EXTRA_LENGTH
+from tests.translation_fixtures import MAX_INPUT_LENGTH
+from tests.translation_fixtures import make_translator
+from tests.translation_fixtures import strings as _strings
 
-MAX_INPUT_LENGTH = 16
-EXTRA_LENGTH = 8
-BAD_UTF8 = b"God \xff\xfe said"
+pytestmark = pytest.mark.keeps_graphs
 
 
 @pytest.fixture(scope="module")
@@ -36,14 +26,26 @@ def model(tokenizer):
 
 @pytest.fixture(scope="module")
 def translator(model, tokenizer):
-    return serving.Translator(
-        model, tokenizer, extra_length=EXTRA_LENGTH, max_input_length=MAX_INPUT_LENGTH,
-        beam_sizes=(1, 2, 4),
-    )
+    return make_translator(model, tokenizer)
 
 
-def _strings(tensor):
-    return [t.decode("utf-8") for t in np.asarray(tensor).reshape(-1)]
+def full_model_step_fn(model):
+    """A step function without a key/value cache: the slow, obvious twin.
+
+    Every step re-runs the whole model (encoder and decoder) on the source and
+    on the full prefix `ids[:, :step + 1]`, and returns the logits of its last
+    position. Its cache holds only `{"source_ids": (N, S)}`, which beam search
+    tiles and reorders like any cache.
+    """
+
+    def step_fn(ids, step, cache):
+        logits = model(
+            {"encoder_inputs": cache["source_ids"], "decoder_inputs": ids[:, : step + 1]},
+            training=False,
+        )  # (N, step + 1, V)
+        return logits[:, -1], cache
+
+    return step_fn
 
 
 # Decoding with the real model ---------------------------------------------------
@@ -61,22 +63,18 @@ def test_cached_decoding_equals_rerunning_the_full_decoder(model, tokenizer):
 
     @tf.function(autograph=False)
     def cached():
-        cache = model.initial_cache(source, max_length=max_length)
-        return decoding.beam_search(
-            lambda ids, step, cache: model.decode_step(ids[:, step], cache, step),
-            start, cache, **args)
+        cache = model.initial_cache(source, max_decode_length=max_length)
+        return decoding.beam_search(model.step_function(), start, cache, **args)
 
     @tf.function(autograph=False)
     def uncached():
         return decoding.beam_search(
-            serving.full_decoder_step_fn(model), start, {"source_ids": source}, **args)
+            full_model_step_fn(model), start, {"source_ids": source}, **args)
 
     @tf.function(autograph=False)
     def decoder_only():
-        cache = model.initial_cache(source, max_length=1)
-        del cache["self_attention"]
         return decoding.beam_search(
-            serving.uncached_decoder_step_fn(model), start, cache, **args)
+            model.step_function(use_cache=False), start, model.initial_cache(source), **args)
 
     cached_ids, cached_scores = cached()
     assert np.all(np.isfinite(cached_scores))
@@ -149,7 +147,7 @@ def test_beam_one_with_alpha_zero_is_greedy(translator, model, tokenizer):
     source = tokenizer.tokenize(tf.constant(SENTENCES)).to_tensor()[:, :MAX_INPUT_LENGTH]
     ids = translator.translate_ids(source, beam_size=tf.constant(1), alpha=tf.constant(0.0))
     lengths = tf.reduce_sum(tf.cast(source != 0, tf.int32), axis=1)
-    cache = model.initial_cache(source, max_length=source.shape[1] + EXTRA_LENGTH)
+    cache = model.initial_cache(source, max_decode_length=source.shape[1] + EXTRA_LENGTH)
     greedy, log_probs = decoding.greedy_search(
         lambda i, step, cache: model.decode_step(i[:, step], cache, step),
         tf.fill([source.shape[0]], BOS_ID), cache, max_length=source.shape[1] + EXTRA_LENGTH,
@@ -255,136 +253,3 @@ def test_xla_search_equals_graph_search(model, tokenizer, translator):
     fast, reference = compiled.translate(texts), translator.translate(texts)
     assert _strings(fast["translation"]) == _strings(reference["translation"])
     np.testing.assert_allclose(fast["score"], reference["score"], atol=1e-4)
-
-
-def test_load_run_reports_missing_pieces(tmp_path, model, tokenizer):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        serving.load_run(str(tmp_path / "nowhere"))
-    with pytest.raises(FileNotFoundError, match="config.json not found"):
-        serving.load_run(str(tmp_path))
-    run = make_run_dir(tmp_path / "run", tokenizer, model)
-    os.remove(os.path.join(run, "averaged.weights.h5"))
-    with pytest.raises(FileNotFoundError, match="try weights='final'"):
-        serving.load_run(run)
-    loaded, _, config = serving.load_run(run, "final")
-    assert loaded.config == model.config and config["model"] == model.config.to_dict()
-
-
-# The export ---------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def export_path(tmp_path_factory, translator):
-    """One export, checked in a separate process by `export_translator` itself."""
-    base = tmp_path_factory.mktemp("export")
-    return serving.export_translator(translator, str(base), config={"note": "test"})
-
-
-@pytest.mark.slow
-def test_export_layout_and_config(export_path):
-    assert os.path.basename(export_path) == "1"
-    names = set(os.listdir(export_path))
-    assert {"saved_model.pb", "variables", "assets.extra"} <= names
-    assert not [n for n in os.listdir(os.path.dirname(export_path)) if n.startswith(".")]
-    with open(os.path.join(export_path, "assets.extra", "config.json")) as f:
-        config = json.load(f)
-    assert config["translator"]["beam_size"] == 4 and config["translator"]["alpha"] == 0.6
-    assert config["translator"]["beam_sizes"] == [1, 2, 4]
-    assert config["model"]["d_model"] == 32 and config["run"] == {"note": "test"}
-    assert serving.next_version(os.path.dirname(export_path)) == 2
-
-
-@pytest.mark.slow
-def test_reloaded_in_a_process_without_keras_transformer(export_path, translator):
-    texts = SENTENCES + ["", "   ", BAD_UTF8.decode("utf-8", "replace")]
-    expected = translator.translate(tf.constant(texts))
-    report = serving.check_export(export_path, {"text": texts}, expected)
-    assert set(serving.SIGNATURES) <= set(report["signatures"])
-    assert "keras_transformer" not in report["modules"]
-    wrong = dict(expected, translation=tf.constant(["something else"] * len(texts)))
-    with pytest.raises(serving.ExportError, match="gives translation="):
-        serving.compare_outputs(report["outputs"], wrong)
-
-
-@pytest.mark.slow
-def test_ids_only_export_loads_without_tensorflow_text(tmp_path, model):
-    ids_only = serving.Translator(model, None, extra_length=EXTRA_LENGTH, beam_sizes=(4,))
-    assert sorted(ids_only.signatures()) == ["serving_default", "translate_ids"]
-    # export_translator checks it in a process that does not import tensorflow_text.
-    path = serving.export_translator(ids_only, str(tmp_path))
-    with open(os.path.join(path, "assets.extra", "config.json")) as f:
-        assert json.load(f)["translator"]["ids_only"] is True
-
-
-@pytest.mark.slow
-def test_reloaded_signatures_answer_bad_input(export_path, translator):
-    loaded = tf.saved_model.load(export_path)
-    texts = tf.constant([SENTENCES[0], "", "   ", BAD_UTF8, " ".join(SENTENCES * 3)])
-    got = loaded.signatures["serving_default"](text=texts)
-    want = translator.translate(texts)
-    assert _strings(got["translation"]) == _strings(want["translation"])
-    empty = loaded.signatures["serving_default"](text=tf.constant([], tf.string))
-    assert empty["translation"].shape == (0,)
-    # The restored functions apply the defaults; the signatures take every input.
-    nbest = loaded.translate_nbest(texts[:2], beam_size=tf.constant(2))
-    expected = translator.translate_nbest(texts[:2], beam_size=tf.constant(2))
-    assert nbest["translations"].shape == (2, 2)
-    assert _strings(nbest["translations"]) == _strings(expected["translations"])
-    np.testing.assert_allclose(nbest["scores"], expected["scores"], atol=1e-5)
-    ids = loaded.signatures["translate_ids"](
-        ids=tf.constant([[5, 6, 7]]), beam_size=tf.constant(1), alpha=tf.constant(0.6),
-        extra_length=tf.constant(3))
-    assert ids["ids"].shape[0] == 1
-    with pytest.raises(tf.errors.InvalidArgumentError, match="beam_size must be one of"):
-        loaded.translate(texts[:1], beam_size=tf.constant(8))
-
-
-@pytest.mark.slow
-def test_optional_inputs_can_be_left_out_as_tf_serving_does(export_path, translator):
-    """TF Serving runs a signature in a TF1 session and feeds only the inputs a
-    request has; the knobs are PlaceholderWithDefault with the paper's values."""
-    texts = SENTENCES[:2]
-    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
-        meta_graph = tf.compat.v1.saved_model.load(session, ["serve"], export_path)
-        signature = meta_graph.signature_def["translate"]
-        assert set(signature.defaults) == {"beam_size", "alpha", "extra_length"}
-        assert tf.make_ndarray(signature.defaults["beam_size"]) == 4
-        outputs = session.run(
-            {name: info.name for name, info in signature.outputs.items()},
-            feed_dict={signature.inputs["text"].name: texts},
-        )
-    expected = translator.translate(tf.constant(texts))
-    assert [t.decode() for t in outputs["translation"]] == _strings(expected["translation"])
-
-
-@pytest.mark.slow
-def test_saved_model_cli_lists_the_signatures(export_path):
-    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
-    result = subprocess.run(
-        [cli, "show", "--dir", export_path, "--all"], capture_output=True, text=True,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), check=True,
-    )
-    for name in serving.SIGNATURES:
-        assert f"signature_def['{name}']" in result.stdout
-    assert "inputs['text'] tensor_info" in result.stdout
-    assert "outputs['translations'] tensor_info" in result.stdout
-
-
-@pytest.mark.slow
-def test_warmup_requests_cover_every_signature(export_path):
-    path = os.path.join(export_path, "assets.extra", serving.WARMUP_FILENAME)
-    signatures = []
-    for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
-        log = prediction_log_pb2.PredictionLog.FromString(record)
-        request = log.predict_log.request
-        signatures.append(request.model_spec.signature_name)
-        assert set(request.inputs) <= {"text", "ids"}
-        assert tf.make_ndarray(next(iter(request.inputs.values()))).shape[0] >= 1
-    assert sorted(signatures) == sorted(serving.SIGNATURES)
-
-
-@pytest.mark.slow
-def test_existing_version_is_not_overwritten(export_path, translator):
-    base, version = os.path.split(export_path)
-    with pytest.raises(serving.ExportError, match="exists already"):
-        serving.export_translator(translator, base, int(version), check=False)

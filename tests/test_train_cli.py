@@ -15,6 +15,8 @@ import pytest
 
 import keras_transformer  # noqa: F401  (registers the classes model.keras holds)
 import train
+from keras_transformer import budget
+from keras_transformer import runs
 from keras_transformer import training
 from keras_transformer.config import TrainingConfig
 from keras_transformer.config import TransformerConfig
@@ -76,8 +78,7 @@ def test_bad_flag_type_gives_one_line_from_a_quiet_process(tmp_path):
 def test_model_shape_flags_resolve_over_the_preset(tmp_path):
     args, fields, overrides, explicit = train.parse_args(
         ["--model", "cpu-medium", "--num-layers", "3", "--norm-first", "--d-ff", "512"])
-    config = TrainingConfig(**fields)
-    resolved = train._model_config(args, config, overrides, None, explicit)
+    config, resolved, _ = runs.resolve_configs(str(tmp_path / "run"), fields, explicit, overrides)
     preset = TransformerConfig.preset("cpu-medium", vocab_size=config.vocab_size)
     assert (resolved.num_layers, resolved.norm_first, resolved.d_ff) == (3, True, 512)
     assert (resolved.d_model, resolved.num_heads) == (preset.d_model, preset.num_heads)
@@ -86,7 +87,8 @@ def test_model_shape_flags_resolve_over_the_preset(tmp_path):
     path.write_text(TransformerConfig.preset("c_dmodel256", vocab_size=123).to_json())
     args, fields, overrides, explicit = train.parse_args(
         ["--model-config", str(path), "--dropout-rate", "0.2"])
-    resolved = train._model_config(args, TrainingConfig(**fields), overrides, None, explicit)
+    resolved = runs.resolve_configs(
+        str(tmp_path / "run"), fields, explicit, overrides, args.model_config)[1]
     assert resolved == TransformerConfig.preset(
         "c_dmodel256", vocab_size=fields["vocab_size"], max_length=256, dropout_rate=0.2)
 
@@ -102,13 +104,13 @@ def test_time_budget_picks_the_cpu_recipe():
 
 
 def test_fit_segments_cover_every_step():
-    assert train._segments(0, 7, 3, 7) == [(2, 3), (1, 1)]
-    assert train._segments(0, 6, 3, 6) == [(2, 3)]
-    assert train._segments(4, 5, 3, 5) == [(1, 1)]
-    assert train._segments(5, 7, 2, 7) == [(1, 1), (1, 1)]  # checkpoints at 6 and 7
-    assert train._segments(4, 11, 3, 11) == [(1, 2), (1, 3), (1, 2)]
-    assert train._segments(6, 6, 3, 6) == []
-    budgeted = train._segments(20, sys.maxsize, 50, 300)
+    assert training._segments(0, 7, 3, 7) == [(2, 3), (1, 1)]
+    assert training._segments(0, 6, 3, 6) == [(2, 3)]
+    assert training._segments(4, 5, 3, 5) == [(1, 1)]
+    assert training._segments(5, 7, 2, 7) == [(1, 1), (1, 1)]  # checkpoints at 6 and 7
+    assert training._segments(4, 11, 3, 11) == [(1, 2), (1, 3), (1, 2)]
+    assert training._segments(6, 6, 3, 6) == []
+    budgeted = training._segments(20, sys.maxsize, 50, 300)
     assert budgeted[:2] == [(1, 30), (5, 50)] and budgeted[2][1] == 50
 
 
@@ -164,8 +166,8 @@ def test_time_budget_plans_and_stops_after_the_budget(tmp_path):
     assert planned, result.stdout
     steps, every, warmup = map(int, planned.groups()[:3])
     peak = float(planned.group(4))
-    assert every == max(1, -(-steps * training.PLANNED_AVERAGE_SPAN // 2))  # --average-last 2
-    assert warmup == round(steps * training.PLANNED_WARMUP_FRACTION)
+    assert every == max(1, -(-steps * budget.PLANNED_AVERAGE_SPAN // 2))  # --average-last 2
+    assert warmup == round(steps * budget.PLANNED_WARMUP_FRACTION)
     assert config["checkpoint_every"] == every and config["warmup_steps"] == warmup
     # The default schedule's peak (warm-up 300, scale 1), reached after the planned warm-up.
     assert peak == pytest.approx((64 * 300) ** -0.5, rel=1e-2)

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
+from keras_transformer import budget
+from keras_transformer import distributed
 from keras_transformer import training
 
 
@@ -56,10 +58,10 @@ def test_step_checkpoint_keeps_the_last_and_never_a_nan(tmp_path):
 
 
 def test_strategy_and_precision_choices():
-    assert isinstance(training.make_strategy("one_device"), type(
-        training.make_strategy("auto")))
+    assert isinstance(distributed.make_strategy("one_device"), type(
+        distributed.make_strategy("auto")))
     with pytest.raises(ValueError, match="Unknown strategy 'gpu8'"):
-        training.make_strategy("gpu8")
+        distributed.make_strategy("gpu8")
     with pytest.raises(ValueError, match="Unknown precision 'float8'"):
         training.set_precision("float8")
     training.set_precision("mixed_bfloat16")
@@ -68,27 +70,27 @@ def test_strategy_and_precision_choices():
 
 def test_budget_plan_from_the_steady_step():
     # The first steps build the graph and compile; the median is the steady step.
-    plan = training.plan_for_budget(step=20, step_seconds=[30.0, 5.0] + [0.5] * 18,
+    plan = budget.plan_for_budget(step=20, step_seconds=[30.0, 5.0] + [0.5] * 18,
                                     seconds_left=500.0, average_last=5, warmup_steps=300,
                                     learning_rate_scale=2.0)
-    steps = 20 + int(500.0 * (1 - training.PLANNED_OVERHEAD) / 0.5)
+    steps = 20 + int(500.0 * (1 - budget.PLANNED_OVERHEAD) / 0.5)
     assert plan.steps == steps
-    assert plan.checkpoint_every == math.ceil(steps * training.PLANNED_AVERAGE_SPAN / 5)
-    assert plan.warmup_steps == round(steps * training.PLANNED_WARMUP_FRACTION)
+    assert plan.checkpoint_every == math.ceil(steps * budget.PLANNED_AVERAGE_SPAN / 5)
+    assert plan.warmup_steps == round(steps * budget.PLANNED_WARMUP_FRACTION)
     # The same peak learning rate as the configured schedule's, at the planned warm-up.
     configured = kt.TransformerSchedule(256, warmup_steps=300, scale=2.0)
     planned = kt.TransformerSchedule(256, plan.warmup_steps, plan.learning_rate_scale)
     np.testing.assert_allclose(float(planned(plan.warmup_steps - 1)), float(configured(299)),
                                rtol=1e-6)
-    capped = training.plan_for_budget(20, [0.5] * 20, 500.0, 5, 300, 1.0, max_steps=300)
+    capped = budget.plan_for_budget(20, [0.5] * 20, 500.0, 5, 300, 1.0, max_steps=300)
     assert capped.steps == 300
     with pytest.raises(ValueError, match="at least one step"):
-        training.plan_for_budget(0, [], 10.0, 5, 300, 1.0)
+        budget.plan_for_budget(0, [], 10.0, 5, 300, 1.0)
 
 
 def test_training_clock_stops_at_the_epoch_end_past_the_budget():
     now = [100.0]
-    clock = training.TrainingClock(budget_seconds=10.0, clock="cpu", start=100.0)
+    clock = budget.TrainingClock(budget_seconds=10.0, clock="cpu", start=100.0)
     clock.read = lambda: now[0]
 
     class Model:

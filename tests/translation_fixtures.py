@@ -1,19 +1,22 @@
-"""A tiny vocabulary, model and run directory for the serving, evaluation and CLI tests.
+"""A tiny vocabulary, model, translator and run directory for the serving,
+export, evaluation and CLI tests (the `tokenizer` fixture is conftest's).
 
 The model has random weights: its translations are gibberish, but every
 equivalence the tests check (cached = uncached, reloaded = in-memory, text =
 ids) holds for any weights.
 """
 
-import json
 import os
 
 import keras
-import pytest
+import numpy as np
 
+from keras_transformer import TrainingConfig
 from keras_transformer import TransformerConfig
 from keras_transformer import build_transformer
 from keras_transformer import data
+from keras_transformer import runs
+from keras_transformer import serving
 
 SENTENCES = [
     "In the beginning, God created the heavens and the earth.",
@@ -21,6 +24,9 @@ SENTENCES = [
     "God said, Let there be light, and there was light.",
     "And God saw the light.",
 ]
+MAX_INPUT_LENGTH = 16
+EXTRA_LENGTH = 8
+BAD_UTF8 = b"God \xff\xfe said"
 
 
 def make_tokenizer():
@@ -38,27 +44,24 @@ def make_model(vocab_size, seed=0, **overrides):
     return build_transformer(config)
 
 
+def make_translator(model, tokenizer):
+    """The translator the serving and export tests share: beams 1, 2 and 4."""
+    return serving.Translator(
+        model, tokenizer, extra_length=EXTRA_LENGTH, max_input_length=MAX_INPUT_LENGTH,
+        beam_sizes=(1, 2, 4),
+    )
+
+
 def make_run_dir(path, tokenizer, model):
     """Writes a run directory in train.py's layout: config.json, vocab/, weights."""
-    os.makedirs(path, exist_ok=True)
-    tokenizer.save(os.path.join(path, "vocab"))
-    model.save_weights(os.path.join(path, "averaged.weights.h5"))
-    model.save(os.path.join(path, "model.keras"))
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump({"model": model.config.to_dict()}, f, indent=2)
-    return str(path)
+    path = str(path)
+    tokenizer.save(os.path.join(path, runs.VOCAB))
+    model.save_weights(os.path.join(path, runs.AVERAGED_WEIGHTS))
+    model.save(os.path.join(path, runs.FINAL_MODEL))
+    runs.write_config(path, model.config, TrainingConfig())
+    return path
 
 
-@pytest.fixture(autouse=True)
-def _float32_policy_and_seed():
-    """Replaces conftest's fixture of the same name in the modules that import it:
-    its `keras.utils.set_random_seed` clears TensorFlow's kernel cache, after which
-    every test would re-instantiate the translator's graphs (seconds each). These
-    tests draw no random numbers after the module fixtures."""
-    keras.config.set_dtype_policy("float32")
-    yield
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return make_tokenizer()
+def strings(tensor):
+    """A string tensor's values as a flat list of str."""
+    return [t.decode("utf-8") for t in np.asarray(tensor).reshape(-1)]

@@ -5,13 +5,8 @@ Never imports the model.
 
 from keras_transformer.data.batching import BatchStats, bucket_lengths, make_batches
 from keras_transformer.data.corpora import bundled_manifest, load_parallel
-from keras_transformer.data.tokenizer import (
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
-    UNK_ID,
-    SubwordTokenizer,
-)
+from keras_transformer.data.tokenizer import SubwordTokenizer
+from keras_transformer.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 __all__ = [
     "BOS_ID",

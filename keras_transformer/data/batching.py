@@ -22,7 +22,7 @@ import math
 
 import tensorflow as tf
 
-from keras_transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from keras_transformer.token_ids import BOS_ID, EOS_ID, PAD_ID
 
 # Pairs tokenized and grouped per step: tf.data's cost is per call, not per pair.
 _CHUNK_SIZE = 8192

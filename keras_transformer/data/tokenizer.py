@@ -17,10 +17,10 @@ import tensorflow as tf
 from sentencepiece import sentencepiece_model_pb2
 import tensorflow_text
 
-PAD_ID = 0
-UNK_ID = 1
-BOS_ID = 2
-EOS_ID = 3
+from keras_transformer.token_ids import BOS_ID
+from keras_transformer.token_ids import EOS_ID
+from keras_transformer.token_ids import PAD_ID
+from keras_transformer.token_ids import UNK_ID
 
 MODEL_FILENAME = "subword.model"
 VOCAB_FILENAME = "subword.vocab"

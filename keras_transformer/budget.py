@@ -1,0 +1,188 @@
+"""Training for a time budget: a clock that stops the run once the budget is
+spent, a plan (steps, warm-up, checkpoint interval) made from the times of the
+first steps, so that a short run is not stuck in warm-up (README, "Recipes"),
+and the progress line that shows the time against the budget.
+"""
+
+import dataclasses
+import math
+import sys
+import time
+
+import keras
+import numpy as np
+
+CLOCKS = {"wall": time.monotonic, "cpu": time.process_time}
+# A budgeted run averages its checkpoints over this last fraction of its steps, and
+# warms up over this first fraction (README, "Recipes": measured on two corpora).
+PLANNED_AVERAGE_SPAN = 0.25
+PLANNED_WARMUP_FRACTION = 0.4
+PLANNED_OVERHEAD = 0.1
+
+
+class TrainingClock(keras.callbacks.Callback):
+    """Times a run on one clock and, with a budget, stops it at the first epoch end
+    past the budget; adds `step`, `cpu_seconds` and `elapsed_seconds` (since
+    `start`, default now) to the epoch logs, and times each step for `plan`.
+
+    Args:
+        budget_seconds: stop once the clock has run this long since `start`
+            (None: never).
+        clock: "wall" (elapsed time) or "cpu" (the process's CPU time, all its
+            threads).
+        start: the clock's reading that the budget counts from (`time.monotonic()`
+            or `time.process_time()` at the program's start: graph building, XLA
+            compilation and the vocabulary count too).
+    """
+
+    def __init__(self, budget_seconds=None, clock="wall", start=None, wall_start=None):
+        super().__init__()
+        if clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {sorted(CLOCKS)}. Received: clock={clock!r}")
+        self.read = CLOCKS[clock]
+        self.budget_seconds = budget_seconds
+        self.start = self.read() if start is None else start
+        self.wall_start = time.monotonic() if wall_start is None else wall_start
+        self.step_seconds = []
+        self._step_start = None
+
+    def elapsed(self):
+        return self.read() - self.start
+
+    def over_budget(self):
+        return self.budget_seconds is not None and self.elapsed() >= self.budget_seconds
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._step_start = self.read()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step_seconds.append(self.read() - self._step_start)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["step"] = int(self.model.optimizer.iterations.numpy())
+            logs["cpu_seconds"] = round(time.process_time(), 2)
+            logs["elapsed_seconds"] = round(time.monotonic() - self.wall_start, 2)
+        if self.over_budget():
+            self.model.stop_training = True
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetPlan:
+    """What a time budget allows: `steps` expected in all, the checkpoint interval
+    (`average_last` checkpoints span the last `PLANNED_AVERAGE_SPAN` of the
+    steps), and a schedule that warms up over the first `PLANNED_WARMUP_FRACTION`
+    to the same peak learning rate as the configured one (`TransformerSchedule`
+    peaks at `scale * (d_model * warmup_steps)^-0.5`, so the scale moves with the
+    square root of the warm-up)."""
+
+    steps: int
+    checkpoint_every: int
+    warmup_steps: int
+    learning_rate_scale: float
+
+
+def plan_for_budget(step, step_seconds, seconds_left, average_last, warmup_steps,
+                    learning_rate_scale, max_steps=None):
+    """Plans a budgeted run from the times of its first steps.
+
+    Args:
+        step: the steps done so far.
+        step_seconds: the measured times of those steps. Their median is the
+            steady step: the first ones build the graph and compile each new
+            batch shape; the plan leaves `PLANNED_OVERHEAD` of the time left for
+            the compilations, checkpoints and dev passes still to come.
+        seconds_left: the budget left.
+        average_last: the checkpoints averaged at the end.
+        warmup_steps, learning_rate_scale: the configured schedule, whose peak
+            learning rate the plan keeps.
+        max_steps: optional cap on the steps in all.
+
+    Returns:
+        A `BudgetPlan`.
+    """
+    if not step_seconds:
+        raise ValueError("plan_for_budget needs the times of at least one step")
+    per_step = max(float(np.median(step_seconds)), 1e-6)
+    steps = step + max(1, int(seconds_left * (1 - PLANNED_OVERHEAD) / per_step))
+    if max_steps is not None:
+        steps = min(steps, max_steps)
+    checkpoint_every = max(1, math.ceil(steps * PLANNED_AVERAGE_SPAN / average_last))
+    planned_warmup = max(1, round(steps * PLANNED_WARMUP_FRACTION))
+    scale = learning_rate_scale * math.sqrt(planned_warmup / warmup_steps)
+    return BudgetPlan(steps, checkpoint_every, planned_warmup, scale)
+
+
+def plan_run(model, batches, clock, config, explicit, max_steps=None, calibration_steps=20):
+    """Times the first `calibration_steps` steps of a budgeted run, then plans the
+    rest (`plan_for_budget`) and sets the schedule's warm-up and scale.
+
+    Args:
+        model: the compiled model, at step 0, whose optimizer's schedule is a
+            `TransformerSchedule` holding `keras.Variable`s.
+        batches: the training batches.
+        clock: the run's `TrainingClock`.
+        config: the `TrainingConfig`; the settings the plan replaces are those
+            not in `explicit`.
+        explicit: the names of the settings given on the command line.
+        max_steps: optional cap on the steps in all.
+        calibration_steps: the steps timed (the first ones compile).
+
+    Returns:
+        `(config, step)`: the planned `TrainingConfig` (its `steps` the plan's)
+        and the step reached.
+    """
+    model.fit(batches, epochs=1, steps_per_epoch=calibration_steps,
+              callbacks=[keras.callbacks.TerminateOnNaN(), clock], verbose=0)
+    step = int(model.optimizer.iterations.numpy())
+    plan = plan_for_budget(
+        step, clock.step_seconds, clock.budget_seconds - clock.elapsed(), config.average_last,
+        config.warmup_steps, config.learning_rate_scale, max_steps)
+    planned = dict(steps=plan.steps)
+    if "checkpoint_every" not in explicit:
+        planned.update(checkpoint_every=plan.checkpoint_every)
+    if not {"warmup_steps", "learning_rate_scale"} & set(explicit):
+        planned.update(warmup_steps=plan.warmup_steps, learning_rate_scale=plan.learning_rate_scale)
+    config = dataclasses.replace(config, **planned)
+    schedule = model.optimizer.learning_rate
+    schedule.warmup_steps.assign(config.warmup_steps)
+    schedule.scale.assign(config.learning_rate_scale)
+    return config, step
+
+
+class ProgressLine(keras.callbacks.Callback):
+    """One line per epoch (checkpoint interval) for a person: the step, the
+    training and dev loss, the learning rate and the time so far.
+
+    Args:
+        steps: the steps planned in all (shown as "step 250/1000").
+        clock: the run's `TrainingClock`, for the time and the budget.
+        stream: where to print (stdout).
+    """
+
+    def __init__(self, steps, clock, stream=None):
+        super().__init__()
+        self.steps = steps
+        self.clock = clock
+        self.stream = stream or sys.stdout
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        step = int(self.model.optimizer.iterations.numpy())
+        parts = [f"step {step}/{self.steps}" if step <= self.steps else f"step {step}"]
+        for key, label in (("loss", "loss"), ("val_loss", "dev loss"), ("bleu", "dev BLEU"),
+                           ("token_accuracy", "accuracy")):
+            if key in logs:
+                parts.append(f"{label} {logs[key]:.3f}" if key != "bleu"
+                             else f"{label} {logs[key]:.1f}")
+        if "learning_rate" in logs:
+            parts.append(f"lr {logs['learning_rate']:.2e}")
+        elapsed = _minutes(self.clock.elapsed())
+        budget = self.clock.budget_seconds
+        parts.append(f"{elapsed} of {_minutes(budget)}" if budget else elapsed)
+        print("  ".join(parts), file=self.stream, flush=True)
+
+
+def _minutes(seconds):
+    seconds = int(round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"

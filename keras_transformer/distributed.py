@@ -1,0 +1,132 @@
+"""What `tf.distribute` needs beyond Keras: picking a strategy, the workers of a
+multi-worker run, and the two Keras 3 workarounds that let `fit` run on one.
+"""
+
+import json
+import os
+
+import keras
+import tensorflow as tf
+
+from keras_transformer.config import STRATEGIES
+
+
+def make_strategy(name="auto", tpu=""):
+    """The `tf.distribute` strategy called `name`.
+
+    - "one_device": the first GPU, or the CPU.
+    - "mirrored": `MirroredStrategy` over all visible GPUs (the paper used 8);
+      over the CPU when there is none.
+    - "multi_worker": `MultiWorkerMirroredStrategy`, configured by the
+      `TF_CONFIG` environment variable.
+    - "tpu": `TPUStrategy` through a `TPUClusterResolver` (`tpu` names the TPU;
+      empty means the local one or `TPU_NAME`).
+    - "auto": multi_worker when `TF_CONFIG` names several tasks, mirrored with
+      several GPUs, else one_device.
+
+    Call it first: a multi-worker strategy must be made before TensorFlow runs
+    anything.
+    """
+    if name not in STRATEGIES:
+        raise ValueError(f"Unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+    if name == "auto":
+        cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+        if len(cluster.get("worker", [])) + len(cluster.get("chief", [])) > 1:
+            name = "multi_worker"
+    if name == "multi_worker":
+        if "TF_CONFIG" not in os.environ:
+            raise ValueError(
+                "strategy 'multi_worker' needs the TF_CONFIG environment variable "
+                '(e.g. {"cluster": {"worker": ["host1:port", "host2:port"]}, '
+                '"task": {"type": "worker", "index": 0}})'
+            )
+        # Before anything else touches TensorFlow's runtime (listing devices
+        # included): collectives must be configured at program start-up.
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    gpus = tf.config.list_logical_devices("GPU")
+    if name == "auto":
+        name = "mirrored" if len(gpus) > 1 else "one_device"
+    if name == "one_device":
+        return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def is_multi_worker(strategy):
+    """Whether `strategy` is a MultiWorkerMirroredStrategy spanning several workers."""
+    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            and strategy.extended._in_multi_worker_mode())
+
+
+def is_chief(strategy):
+    """Whether this process writes the run's files: always, but on a multi-worker
+    run, where only the chief (or worker 0 when there is no chief) does."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not getattr(resolver, "task_type", None):
+        return True
+    return resolver.task_type == "chief" or (
+        resolver.task_type == "worker" and resolver.task_id == 0
+        and "chief" not in resolver.cluster_spec().as_dict()
+    )
+
+
+def same_on_all_workers(strategy, value):
+    """Waits for every worker of a multi-worker run and returns whether `value` (a
+    number, such as the step a run resumes at) is the same on all of them.
+
+    Every worker must call it, at the same point: it is a collective all-reduce.
+    Other strategies run in one process; for them it returns True at once.
+    """
+    if not is_multi_worker(strategy):
+        return True
+    values = tf.constant([value, value * value], tf.float64)
+    total = tf.function(
+        lambda: strategy.reduce("SUM", strategy.run(lambda: values), axis=None)
+    )().numpy()
+    # n * sum(x^2) == sum(x)^2 only when all n values are equal (Cauchy-Schwarz),
+    # and every worker computes the same answer, so all of them stop or go on.
+    return strategy.num_replicas_in_sync * total[1] == total[0] ** 2
+
+
+class MultiWorkerModel(keras.Model):
+    """A `keras.Model` whose `fit` and `evaluate` also run under a
+    `MultiWorkerMirroredStrategy` spanning several workers (Keras 3.x fails there
+    on dict inputs and on scalar logs; see the two methods)."""
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Before the first step, Keras 3 (TensorFlow trainer) learns the batch's
+        # structure by *reducing* the first distributed batch across replicas: a
+        # collective that fails under MultiWorkerMirroredStrategy for dict inputs
+        # ("Attempt to convert a value ({'encoder_inputs': PerReplica...",
+        # keras-team/keras#20329). One local replica's batch has the same structure
+        # and dtypes, which is all the symbolic build reads.
+        strategy = self._distribute_strategy
+        if strategy is None or iterator is None:
+            return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+        for _, _, batches in iterator:
+            data_batch = tf.nest.map_structure(
+                lambda value: strategy.experimental_local_results(value)[0], next(batches)
+            )
+            break
+        with strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    def train_step(self, data):
+        return self._before_multi_worker_reduction(super().train_step(data))
+
+    def test_step(self, data):
+        return self._before_multi_worker_reduction(super().test_step(data))
+
+    def _before_multi_worker_reduction(self, logs):
+        # Across workers Keras 3 averages each step's logs with
+        # `strategy.reduce("MEAN", value, axis=0)`, which fails on scalars ("Invalid
+        # reduction dimension 0 for input with 0 dimensions", tensorflow#72388).
+        # The values are already the same on every replica (synchronized metrics),
+        # so a length-1 axis makes that mean a no-op that returns the scalar.
+        if not is_multi_worker(self.distribute_strategy):
+            return logs
+        return tf.nest.map_structure(lambda value: tf.reshape(value, [-1]), logs)

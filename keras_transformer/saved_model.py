@@ -1,0 +1,278 @@
+"""Writing a `Translator` as a SavedModel that TF Serving runs, and checking it.
+
+`export_translator` writes `EXPORT_DIR/<version>/` (TF Serving's layout) under a
+temporary name, adds `assets.extra/config.json` (model, translator and run
+settings) and TF Serving's warm-up requests, reloads it in a separate Python
+process that imports only TensorFlow (`check_export`), and then renames it into
+place, so that a model server watching `EXPORT_DIR` never sees a partial version.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from keras_transformer.serving import positive_int
+
+SIGNATURES = ("serving_default", "translate", "translate_ids", "translate_nbest")
+CONFIG_FILENAME = "config.json"
+WARMUP_FILENAME = "tf_serving_warmup_requests"
+WARMUP_TEXTS = (
+    "Hello.",
+    "This sentence warms up the model server before the first request arrives.",
+)
+
+
+class ExportError(RuntimeError):
+    """The export could not be written, or did not pass its check."""
+
+
+def export_translator(
+    translator,
+    export_dir,
+    version=None,
+    *,
+    config=None,
+    warmup_texts=WARMUP_TEXTS,
+    check_texts=None,
+    check=True,
+):
+    """Writes `translator` as a SavedModel that TF Serving runs.
+
+    The export is written under a temporary name in `export_dir` (TF Serving
+    ignores names that are not numbers), checked, then renamed to
+    `export_dir/<version>/`, so a model server watching `export_dir` never
+    sees a partial version.
+
+    Args:
+        translator: a `Translator` (an ids-only one gives an export without
+            tensorflow-text ops).
+        export_dir: the model's base directory (TF Serving's `model_base_path`).
+        version: int, the version directory; defaults to one more than the
+            largest version there (1 for a new directory).
+        config: optional JSON-ready dict (e.g. the run's config) written with
+            the translator's settings to `assets.extra/config.json`.
+        warmup_texts: sentences of the TF Serving warm-up requests
+            (`assets.extra/tf_serving_warmup_requests`); empty for none.
+        check_texts: sentences for the check; defaults to `warmup_texts` plus
+            an empty and a whitespace-only string.
+        check: reload the export in a separate Python process that imports
+            only tensorflow (and tensorflow_text, unless ids-only) and compare
+            its outputs with the in-memory translator's (`check_export`).
+
+    Returns:
+        The path of the version directory.
+
+    Raises:
+        ExportError: the version exists already, or the check failed.
+    """
+    version = next_version(export_dir) if version is None else positive_int("version", version)
+    final_path = os.path.join(export_dir, str(version))
+    if os.path.exists(final_path):
+        raise ExportError(f"{final_path} exists already; pass another version")
+    os.makedirs(export_dir, exist_ok=True)
+    temporary_path = os.path.join(export_dir, f".partial-{version}-{os.getpid()}")
+    shutil.rmtree(temporary_path, ignore_errors=True)
+    signatures = translator.signatures()
+    try:
+        tf.saved_model.save(translator, temporary_path, signatures=signatures)
+        extra = os.path.join(temporary_path, "assets.extra")
+        os.makedirs(extra, exist_ok=True)
+        resolved = {
+            "model": translator.model.config.to_dict(),
+            "translator": translator.settings(),
+            "signatures": sorted(signatures),
+        }
+        if config is not None:
+            resolved["run"] = config
+        with open(os.path.join(extra, CONFIG_FILENAME), "w") as f:
+            json.dump(resolved, f, indent=2, sort_keys=True)
+            f.write("\n")
+        if warmup_texts:
+            write_warmup_requests(
+                os.path.join(extra, WARMUP_FILENAME), warmup_texts, translator.ids_only
+            )
+        if check:
+            if translator.ids_only:
+                inputs = {"ids": _example_ids(translator.model.config.vocab_size)}
+                expected = translator.translate_ids(tf.constant(inputs["ids"], tf.int32))
+            else:
+                texts = list(check_texts if check_texts is not None else warmup_texts)
+                if check_texts is None:
+                    texts += ["", "   "]
+                inputs = {"text": texts}
+                expected = translator.translate(tf.constant(texts, tf.string))
+            check_export(temporary_path, inputs, expected, text_ops=not translator.ids_only)
+        os.rename(temporary_path, final_path)
+    finally:
+        shutil.rmtree(temporary_path, ignore_errors=True)
+    return final_path
+
+
+def next_version(export_dir):
+    """One more than the largest numeric version directory in `export_dir`."""
+    if not os.path.isdir(export_dir):
+        return 1
+    versions = [int(name) for name in os.listdir(export_dir) if name.isdigit()]
+    return max(versions, default=0) + 1
+
+
+def write_warmup_requests(path, texts, ids_only=False):
+    """Writes TF Serving warm-up requests: one Predict request per signature.
+
+    TF Serving replays `assets.extra/tf_serving_warmup_requests` (a TFRecord
+    file of `PredictionLog` protos) when it loads a version, so the first real
+    request does not pay for graph initialization.
+    """
+    # Only exporting needs TF Serving's protos (the tensorflow-serving-api package).
+    from tensorflow_serving.apis import model_pb2
+    from tensorflow_serving.apis import predict_pb2
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    texts = tf.make_tensor_proto(
+        [t.encode("utf-8") if isinstance(t, str) else t for t in texts], tf.string
+    )
+    ids = tf.make_tensor_proto([[4, 5, 6, 7], [8, 9, 0, 0]], tf.int32)
+    if ids_only:
+        requests = [("serving_default", {"ids": ids}), ("translate_ids", {"ids": ids})]
+    else:
+        requests = [
+            ("serving_default", {"text": texts}),
+            ("translate", {"text": texts}),
+            ("translate_nbest", {"text": texts}),
+            ("translate_ids", {"ids": ids}),
+        ]
+    with tf.io.TFRecordWriter(path) as writer:
+        for signature_name, inputs in requests:
+            request = predict_pb2.PredictRequest(
+                model_spec=model_pb2.ModelSpec(signature_name=signature_name)
+            )
+            for name, tensor in inputs.items():
+                request.inputs[name].CopyFrom(tensor)
+            log = prediction_log_pb2.PredictionLog(
+                predict_log=prediction_log_pb2.PredictLog(request=request)
+            )
+            writer.write(log.SerializeToString())
+
+
+# Run in a fresh interpreter by `check_export`: tensorflow, tensorflow_text if
+# asked, and nothing of this package.
+_CHECK_SCRIPT = r"""
+import json, sys
+import tensorflow as tf
+request = json.loads(sys.stdin.read())
+if request["text_ops"]:
+    import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
+loaded = tf.saved_model.load(request["path"])
+inputs = {name: tf.constant(value, dtype) for name, (value, dtype) in request["inputs"].items()}
+outputs = loaded.signatures[request["signature"]](**inputs)
+
+def to_list(tensor):
+    value = tensor.numpy()
+    if value.dtype == object:
+        return [[t.decode("utf-8", "replace") for t in row] if value.ndim == 2
+                else row.decode("utf-8", "replace") for row in value]
+    return value.tolist()
+
+print(json.dumps({
+    "outputs": {name: to_list(tensor) for name, tensor in outputs.items()},
+    "signatures": sorted(loaded.signatures),
+    "modules": sorted({m.split(".")[0] for m in sys.modules}),
+}))
+"""
+
+
+def check_export(path, inputs, expected, *, signature="serving_default", text_ops=True,
+                 atol=1e-4):
+    """Reloads a SavedModel in a separate process and compares its outputs.
+
+    The process imports only tensorflow, and tensorflow_text if `text_ops` (an
+    ids-only export must load without it); it fails if anything imports
+    `keras_transformer`. It runs `signature` on `inputs`, whose outputs must
+    equal `expected` (strings and ints exactly, floats within `atol`).
+
+    Args:
+        path: the SavedModel directory.
+        inputs: dict of input name to value: a list of strings for "text", a
+            list of int lists for "ids", numbers for the knobs.
+        expected: dict of output name to the in-memory translator's tensor.
+        signature: the signature to run.
+        text_ops: whether the process may import tensorflow_text.
+        atol: tolerance of float outputs.
+
+    Returns:
+        The child's report: `outputs`, `signatures`, `modules` (top-level
+        modules it imported).
+
+    Raises:
+        ExportError: the process failed, or its results differ.
+    """
+    def jsonable(name, value):
+        if name == "text":
+            return [v.decode("utf-8") if isinstance(v, bytes) else v for v in value], "string"
+        if name == "ids":
+            return [[int(i) for i in row] for row in value], "int32"
+        if name == "alpha":
+            return float(value), "float32"
+        return int(value), "int32"  # beam_size, extra_length
+
+    request = {
+        "path": os.path.abspath(path),
+        "signature": signature,
+        "text_ops": bool(text_ops),
+        "inputs": {name: jsonable(name, value) for name, value in inputs.items()},
+    }
+    # Run from the export's directory, so the package is not found through the
+    # working directory; a leak shows in the report's modules.
+    result = subprocess.run(
+        [sys.executable, "-c", _CHECK_SCRIPT],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.abspath(path)),
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        check=False,
+    )
+    if result.returncode != 0:
+        raise ExportError(
+            f"reloading {path} in a separate process failed:\n{result.stderr[-3000:]}"
+        )
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    if "keras_transformer" in report["modules"]:
+        raise ExportError(f"reloading {path} imported keras_transformer")
+    if not text_ops and "tensorflow_text" in report["modules"]:
+        raise ExportError(f"reloading {path} imported tensorflow_text")
+    compare_outputs(report["outputs"], expected, signature, atol)
+    return report
+
+
+def compare_outputs(outputs, expected, signature="serving_default", atol=1e-4):
+    """Raises `ExportError` unless `outputs` (JSON-decoded lists, as the check
+    process reports them) equal `expected` (tensors or arrays)."""
+    for name, want in expected.items():
+        want = np.asarray(want)
+        got = outputs.get(name)
+        if got is None:
+            raise ExportError(f"the reloaded {signature} has no output {name!r}")
+        if want.dtype == object:
+            want = np.vectorize(lambda t: t.decode("utf-8", "replace"), otypes=[object])(want)
+            same = want.shape == np.shape(got) and want.tolist() == got
+        elif np.issubdtype(want.dtype, np.floating):
+            same = want.shape == np.shape(got) and np.allclose(want, got, atol=atol)
+        else:
+            same = want.shape == np.shape(got) and np.array_equal(want, got)
+        if not same:
+            raise ExportError(
+                f"the reloaded export's {signature} gives {name}={got!r}; the in-memory "
+                f"translator gives {want.tolist()!r}"
+            )
+
+
+def _example_ids(vocab_size):
+    """A small batch of source ids for checks: two sentences and an empty one."""
+    ids = [[4, 5, 6, 7], [8, 9, 10, 0], [0, 0, 0, 0]]
+    return [[min(i, vocab_size - 1) for i in row] for row in ids]
