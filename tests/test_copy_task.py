@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from keras_transformer import TransformerConfig
@@ -34,6 +35,7 @@ def test_every_weight_gets_a_gradient():
         assert gradient is not None and np.any(np.asarray(gradient) != 0), variable.path
 
 
+@pytest.mark.slow
 def test_tiny_model_learns_to_copy():
     rng = np.random.RandomState(0)
     model = build_transformer(

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from keras_transformer import distributed
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "replica_equivalence.py")
 ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -23,6 +25,13 @@ def check_equal_to_one_device(result, num_replicas):
     assert abs(result["loss"][0] - result["loss"][1]) < 1e-5, result
     # Replicas see unequal token counts, so a per-replica mean would not match.
     assert len({n for batch in result["tokens_per_replica"] for n in batch}) > 1, result
+
+
+def test_strategy_choices():
+    assert isinstance(distributed.make_strategy("one_device"), type(
+        distributed.make_strategy("auto")))
+    with pytest.raises(ValueError, match="Unknown strategy 'gpu8'"):
+        distributed.make_strategy("gpu8")
 
 
 @pytest.mark.slow
