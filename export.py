@@ -39,7 +39,7 @@ def parse_args(argv):
     parser.add_argument("--beam-sizes", default="1,2,4,8",
                         help="beam sizes callers may ask for (one program each)")
     parser.add_argument("--max-input-length", type=int, default=None,
-                        help="longer inputs are truncated (default: the model's max_length)")
+                        help="longer inputs are truncated (default: the model's max_positions)")
     parser.add_argument("--jit-compile", action="store_true",
                         help="compile the beam search with XLA (the model server must "
                              "enable XLA JIT)")

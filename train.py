@@ -29,8 +29,8 @@ from cli_common import quiet_libraries
 # The budget counts from here: imports, the vocabulary, graph building and compilation.
 _START = {"wall": time.monotonic(), "cpu": time.process_time()}
 # TransformerConfig fields that train.py sets itself: the vocabulary's size and the
-# position table's length (from --max-length).
-_DERIVED_MODEL_FIELDS = ("vocab_size", "max_length")
+# position table's length (from --max-sentence-tokens).
+_DERIVED_MODEL_FIELDS = ("vocab_size", "max_positions")
 
 
 def parse_args(argv):
@@ -53,7 +53,7 @@ def parse_args(argv):
         model.add_argument("--model-config", metavar="FILE.json",
                            help="a whole TransformerConfig as JSON (e.g. the \"model\" of "
                                 "a run's config.json) instead of --model; its vocab_size and "
-                                "max_length are replaced by the run's")
+                                "max_positions are replaced by the run's")
         add_config_flags(model, TransformerConfig, defaults=False, skip=_DERIVED_MODEL_FIELDS)
         return result
 
@@ -120,8 +120,9 @@ def run(args, fields, model_overrides, explicit):
     checkpoint_dir = os.path.join(args.out, runs.CHECKPOINTS)
     with strategy.scope():
         model = kt.build_transformer(model_config)
-        training.compile_for_training(model, model_config.label_smoothing, config.warmup_steps,
-                                      config.learning_rate_scale, config.jit_compile)
+        schedule = training.compile_for_training(
+            model, model_config.label_smoothing, config.warmup_steps, config.learning_rate_scale,
+            config.jit_compile)
         step = training.restore_latest_checkpoint(model, checkpoint_dir)
     if not distributed.same_on_all_workers(strategy, step):
         raise ValueError(f"the workers found different checkpoints in {checkpoint_dir} "
@@ -133,7 +134,8 @@ def run(args, fields, model_overrides, explicit):
     # === Batches: deterministic, so a resumed run skips exactly what it has seen ===
     stats = data.BatchStats()
     batch_args = dict(tokenizer=tokenizer, tokens_per_batch=config.tokens_per_batch,
-                      max_length=config.max_length, num_replicas=strategy.num_replicas_in_sync)
+                      max_sentence_tokens=config.max_sentence_tokens,
+                      num_replicas=strategy.num_replicas_in_sync)
 
     def train_batches(skip):
         return data.make_batches(train_pairs, seed=config.seed, deterministic=True,
@@ -152,27 +154,22 @@ def run(args, fields, model_overrides, explicit):
     if config.time_budget and not step:
         print(f"Timing the first steps to plan a {config.time_budget:g}-minute "
               f"({config.time_budget_clock} clock) run...", flush=True)
-        config, step = budget.plan_run(model, train_batches(0), clock, config, explicit,
-                                       max_steps)
+        config, step = budget.plan_run(model, schedule, train_batches(0), clock, config,
+                                       explicit, max_steps)
         if chief:
             runs.write_config(args.out, model_config, config)
         print(f"Planned about {config.steps} steps: a checkpoint every "
               f"{config.checkpoint_every}, warm-up {config.warmup_steps} to learning rate "
-              f"{model.optimizer.learning_rate.peak_learning_rate():.2e}.", flush=True)
+              f"{schedule.peak_learning_rate():.2e}.", flush=True)
 
     # === Fit: an epoch is a checkpoint interval ===
     callbacks = training.run_callbacks(args.out, config, clock, chief, tokenizer, dev_pairs)
-    # A budgeted run measures its dev loss half-way and at its planned end: each pass
-    # (and its compilations, under XLA) costs steps.
-    planned_epochs = math.ceil(config.steps / config.checkpoint_every)
     losses, step = training.fit_by_checkpoints(
-        model, train_batches, step, max_steps, config.checkpoint_every, config.steps, callbacks,
-        stop=clock.over_budget, validation_data=dev_batches,
-        validation_freq=([max(1, planned_epochs // 2), planned_epochs] if config.time_budget
-                         else 1))
+        model, train_batches, dev_batches, step, max_steps, config.checkpoint_every,
+        config.steps, callbacks, stop=clock.over_budget, budgeted=bool(config.time_budget))
     if stats.result().get("pairs_too_long"):
         print(f"Dropped {stats.result()['pairs_too_long']} training pairs longer than "
-              f"{config.max_length} tokens.")
+              f"{config.max_sentence_tokens} tokens.")
     if not all(map(math.isfinite, losses)):
         print(f"train.py: the loss diverged (NaN); the last good checkpoint is in "
               f"{checkpoint_dir}", file=sys.stderr)

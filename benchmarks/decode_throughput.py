@@ -78,7 +78,7 @@ def parse_args(argv):
 def build_model(args):
     keras.utils.set_random_seed(0)
     config = TransformerConfig.preset(
-        args.preset, args.vocab_size, max_length=max(256, args.source_length + 64)
+        args.preset, args.vocab_size, max_positions=max(256, args.source_length + 64)
     )
     return build_transformer(config)
 
@@ -146,7 +146,7 @@ def profile_step(model, args, source_ids):
     config = model.config
     @tf.function(autograph=False)
     def encode():  # once per batch, on B rows; beam search then tiles the cache
-        return model.initial_cache(source_ids, max_decode_length=steps)
+        return model.initial_cache(source_ids, max_output_length=steps)
 
     cache = tf.nest.map_structure(lambda t: tf.repeat(t, args.beam_size, axis=0), encode())
     token_ids = tf.fill([rows], BOS_ID)

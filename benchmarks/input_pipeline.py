@@ -11,7 +11,7 @@ and, with --training-json, the training benchmark's measurement.
     python benchmarks/input_pipeline.py --training-json runs/training_benchmark.json
 
 Timed: reading and checking the text files, tokenizing, dropping pairs over
---max-length, bucketing, padding, and handing each batch to Python as numpy
+--max-sentence-tokens, bucketing, padding, and handing each batch to Python as numpy
 (`epoch_1` includes building the pipeline's functions; later epochs reshuffle).
 Not timed: importing TensorFlow and learning the vocabulary (reported apart).
 """
@@ -37,7 +37,7 @@ def main():
     parser.add_argument("--vocab-dir", default=None,
                         help="load the vocabulary from here if it exists, else train and save it")
     parser.add_argument("--tokens-per-batch", type=int, default=25000)
-    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--max-sentence-tokens", type=int, default=256)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deterministic", action="store_true")
@@ -60,7 +60,7 @@ def main():
     start = time.perf_counter()
     pairs = data.load_parallel("bundled", args.split)
     batches = data.make_batches(
-        pairs, tokenizer, args.tokens_per_batch, args.max_length, seed=args.seed,
+        pairs, tokenizer, args.tokens_per_batch, args.max_sentence_tokens, seed=args.seed,
         deterministic=args.deterministic, stats=stats,
     )
     epochs = []
@@ -99,8 +99,8 @@ def main():
         "settings": {
             "vocab_size": tokenizer.vocab_size,
             "tokens_per_batch": args.tokens_per_batch,
-            "max_length": args.max_length,
-            "buckets": len(data.bucket_lengths(args.max_length)),
+            "max_sentence_tokens": args.max_sentence_tokens,
+            "buckets": len(data.bucket_lengths(args.max_sentence_tokens)),
             "epochs": args.epochs,
             "seed": args.seed,
             "deterministic": args.deterministic,

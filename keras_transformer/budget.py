@@ -113,13 +113,15 @@ def plan_for_budget(step, step_seconds, seconds_left, average_last, warmup_steps
     return BudgetPlan(steps, checkpoint_every, planned_warmup, scale)
 
 
-def plan_run(model, batches, clock, config, explicit, max_steps=None, calibration_steps=20):
+def plan_run(model, schedule, batches, clock, config, explicit, max_steps=None,
+             calibration_steps=20):
     """Times the first `calibration_steps` steps of a budgeted run, then plans the
     rest (`plan_for_budget`) and sets the schedule's warm-up and scale.
 
     Args:
-        model: the compiled model, at step 0, whose optimizer's schedule is a
-            `TransformerSchedule` holding `keras.Variable`s.
+        model: the compiled model, at step 0.
+        schedule: its optimizer's `TransformerSchedule`, whose warm-up and scale
+            are `keras.Variable`s (`training.compile_for_training`).
         batches: the training batches.
         clock: the run's `TrainingClock`.
         config: the `TrainingConfig`; the settings the plan replaces are those
@@ -144,7 +146,6 @@ def plan_run(model, batches, clock, config, explicit, max_steps=None, calibratio
     if not {"warmup_steps", "learning_rate_scale"} & set(explicit):
         planned.update(warmup_steps=plan.warmup_steps, learning_rate_scale=plan.learning_rate_scale)
     config = dataclasses.replace(config, **planned)
-    schedule = model.optimizer.learning_rate
     schedule.warmup_steps.assign(config.warmup_steps)
     schedule.scale.assign(config.learning_rate_scale)
     return config, step

@@ -36,9 +36,9 @@ class TransformerConfig:
         label_smoothing: eps_ls, used by the training loss.
         positional_encoding: "sinusoidal" (Sec. 3.5) or "learned" (Table 3
             row E).
-        max_length: the longest sequence the learned positional embeddings
-            cover; sinusoidal encodings have no limit, but decoding caches and
-            exports use it as the default bound.
+        max_positions: the positions the learned positional embeddings cover,
+            so the longest source or output; sinusoidal encodings have no
+            limit, but a `Translator` takes it as its default bound.
         norm_first: False for the paper's post-norm residuals,
             `LayerNorm(x + Dropout(Sublayer(x)))`; True for the pre-norm
             variant, `x + Dropout(Sublayer(LayerNorm(x)))`, with a final
@@ -56,12 +56,12 @@ class TransformerConfig:
     dropout_rate: float = 0.1
     label_smoothing: float = 0.1
     positional_encoding: str = "sinusoidal"
-    max_length: int = 256
+    max_positions: int = 256
     norm_first: bool = False
     layer_norm_epsilon: float = 1e-6
 
     def __post_init__(self):
-        for name in ("num_layers", "d_model", "d_ff", "num_heads", "max_length"):
+        for name in ("num_layers", "d_model", "d_ff", "num_heads", "max_positions"):
             _require(name, getattr(self, name), getattr(self, name) >= 1, "must be >= 1")
         _require(
             "vocab_size",
@@ -166,7 +166,14 @@ def _one_of(choices):
     return ", ".join(choices[:-1]) + " or " + choices[-1]
 
 
+# Names that older runs' and exports' config.json files use.
+_RENAMED = {"TransformerConfig": {"max_length": "max_positions"},
+            "TrainingConfig": {"max_length": "max_sentence_tokens"}}
+
+
 def _from_dict(cls, values):
+    renamed = _RENAMED.get(cls.__name__, {})
+    values = {renamed.get(name, name): value for name, value in values.items()}
     known = {field.name for field in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -178,7 +185,7 @@ def _from_dict(cls, values):
 
 # Table 3 rows are variations of base; only the changed fields are listed.
 _PRESETS = {
-    "tiny": dict(num_layers=2, d_model=64, d_ff=256, num_heads=4, max_length=128),
+    "tiny": dict(num_layers=2, d_model=64, d_ff=256, num_heads=4, max_positions=128),
     "base": {},
     "big": dict(d_model=1024, d_ff=4096, num_heads=16, dropout_rate=0.3),
     # (A) number of heads, keeping the amount of computation constant.
@@ -242,8 +249,8 @@ class TrainingConfig:
             time, as the quality benchmark counts it).
         tokens_per_batch: source and target token budget of a batch, per
             replica (paper: about 25000 per step in all).
-        max_length: longest sequence trained on, in tokens; longer pairs are
-            dropped and counted.
+        max_sentence_tokens: the longest source or target sentence trained on,
+            in tokens; longer pairs are dropped and counted.
         warmup_steps: of the learning-rate schedule (paper: 4000). With
             `learning_rate_scale` it sets the peak learning rate,
             `scale * (d_model * warmup_steps)^-0.5` (3.6e-3 for d_model 256).
@@ -276,7 +283,7 @@ class TrainingConfig:
     time_budget: float = 0.0
     time_budget_clock: str = "wall"
     tokens_per_batch: int = 4096
-    max_length: int = 128
+    max_sentence_tokens: int = 128
     warmup_steps: int = 300
     learning_rate_scale: float = 1.0
     checkpoint_every: int = 250
@@ -291,7 +298,8 @@ class TrainingConfig:
     seed: int = 0
 
     def __post_init__(self):
-        positive = ("vocab_size", "vocab_sentences", "steps", "tokens_per_batch", "max_length",
+        positive = ("vocab_size", "vocab_sentences", "steps", "tokens_per_batch",
+                    "max_sentence_tokens",
                     "warmup_steps", "checkpoint_every", "keep_checkpoints", "average_last",
                     "bleu_sentences")
         for name in positive:
@@ -340,7 +348,7 @@ class TrainingConfig:
         values = dict(
             data="tfds:wmt14_translate/de-en", model=model, vocab_size=37000,
             vocab_sentences=2_000_000, steps=300_000 if big else 100_000,
-            tokens_per_batch=25000, max_length=256, warmup_steps=4000,
+            tokens_per_batch=25000, max_sentence_tokens=256, warmup_steps=4000,
             learning_rate_scale=1.0, checkpoint_every=1000,
             keep_checkpoints=20 if big else 5, average_last=20 if big else 5,
             bleu_every=10_000, bleu_sentences=500, test_sentences=1_000_000,

@@ -8,7 +8,7 @@ Both searches drive a step function, never a model:
 
     symbols_to_logits_fn(ids, step, cache) -> (logits, cache)
 
-- `ids`: int32 `(N, max_length + 1)`, a fixed-size buffer of the hypotheses.
+- `ids`: int32 `(N, max_output_length + 1)`, a fixed-size buffer of the hypotheses.
   Column 0 holds the start token, columns `1..step` the tokens decoded so far,
   later columns `padding_id`. `N` is `batch` for greedy search and
   `batch * beam_size` for beam search, batch-major: rows
@@ -27,21 +27,21 @@ Both searches drive a step function, never a model:
 
 Shapes are static, so both searches compile with
 `tf.function(jit_compile=True)`: the `tf.while_loop` state keeps one shape for
-every step (the id buffers have `max_length + 1` columns from the start and
+every step (the id buffers have `max_output_length + 1` columns from the start and
 each step writes one column), so there is one program per batch size and
-`max_length`, and the loop body is traced once. The searches are plain
+`max_output_length`, and the loop body is traced once. The searches are plain
 functions: wrap them in `tf.function` (with or without `jit_compile`) for speed;
 eagerly, the loop runs step by step in Python, which is what the tests use to
 count calls to the step function.
 
 Lengths: the length `|Y|` of a hypothesis is its number of generated tokens,
 counting the end-of-sequence token when it has one and not counting the start
-token. `max_length` and `max_lengths` bound `|Y|`: a hypothesis that reaches its
+token. `max_output_length` and `max_output_lengths` bound `|Y|`: a hypothesis that reaches its
 example's limit without an end-of-sequence token is finished there, as if one
 followed, with `|Y|` equal to the limit.
 
 Shape letters: B batch, K beam_size, C = 2K candidates per step, V vocab_size,
-T max_length, N rows seen by the step function (B for greedy, B * K for beam).
+T max_output_length, N rows seen by the step function (B for greedy, B * K for beam).
 """
 
 import collections
@@ -82,9 +82,9 @@ def greedy_search(
     initial_ids,
     initial_cache,
     *,
-    max_length,
+    max_output_length,
     eos_id,
-    max_lengths=None,
+    max_output_lengths=None,
     padding_id=0,
     ignore_eos=False,
 ):
@@ -96,17 +96,17 @@ def greedy_search(
         initial_ids: int tensor `(B,)`, the start token of every example.
         initial_cache: nested structure of tensors with leading dimension B
             (`{}` when there is none).
-        max_length: int T, the most tokens to generate, end-of-sequence token
+        max_output_length: int T, the most tokens to generate, end-of-sequence token
             included. It fixes the size of the output, so it must be a Python
             int (or a constant tensor) for XLA.
         eos_id: int, the end-of-sequence id.
-        max_lengths: optional int tensor `(B,)`, a limit per example (e.g. its
-            source length + 50), clipped to `[1, max_length]`; an example that
+        max_output_lengths: optional int tensor `(B,)`, a limit per example (e.g. its
+            source length + 50), clipped to `[1, max_output_length]`; an example that
             reaches it without an end-of-sequence token stops there.
         padding_id: int written after the end of every sequence.
         ignore_eos: if True, the end-of-sequence token does not end a sequence
             (it is decoded like any other token) and the loop runs exactly
-            `max_length` steps: for benchmarks with random weights.
+            `max_output_length` steps: for benchmarks with random weights.
 
     Returns:
         ids: int32 `(B, T)`, the decoded tokens without the start token, the
@@ -114,23 +114,24 @@ def greedy_search(
         scores: float32 `(B,)`, the log probability of each sequence (sum over
             its tokens, no length penalty).
     """
-    max_length = _static_max_length(max_length)
+    max_output_length = _static_max_output_length(max_output_length)
     initial_ids = _check_initial_ids(initial_ids)
     batch_size = _dim(initial_ids, 0)
-    max_lengths = _resolve_max_lengths(max_lengths, batch_size, max_length)
+    max_output_lengths = _resolve_max_output_lengths(
+        max_output_lengths, batch_size, max_output_length)
     initial_cache = {} if initial_cache is None else initial_cache
-    columns = tf.range(max_length + 1)  # (T + 1,)
+    columns = tf.range(max_output_length + 1)  # (T + 1,)
 
     state = _GreedyState(
         step=tf.constant(0),
-        ids=_start_buffer(initial_ids, max_length, padding_id),  # (B, T + 1)
+        ids=_start_buffer(initial_ids, max_output_length, padding_id),  # (B, T + 1)
         log_probs=tf.zeros([batch_size], tf.float32),  # (B,)
         finished=tf.zeros([batch_size], tf.bool),  # (B,)
         cache=initial_cache,
     )
 
     def condition(state):
-        running = state.step < max_length
+        running = state.step < max_output_length
         if ignore_eos:
             return running
         return tf.logical_and(running, tf.logical_not(tf.reduce_all(state.finished)))
@@ -150,7 +151,7 @@ def greedy_search(
         ids = tf.where(
             columns == length, tokens[:, tf.newaxis], state.ids
         )  # (B, T + 1)
-        finished = tf.logical_or(state.finished, length >= max_lengths)  # (B,)
+        finished = tf.logical_or(state.finished, length >= max_output_lengths)  # (B,)
         if not ignore_eos:
             finished = tf.logical_or(finished, tf.equal(tokens, eos_id))
         return (
@@ -178,11 +179,11 @@ def beam_search(
     initial_cache,
     *,
     vocab_size,
-    max_length,
+    max_output_length,
     eos_id,
     beam_size=4,
     alpha=0.6,
-    max_lengths=None,
+    max_output_lengths=None,
     padding_id=0,
     ignore_eos=False,
 ):
@@ -213,17 +214,17 @@ def beam_search(
         initial_cache: nested structure of tensors with leading dimension B
             (`{}` when there is none); tiled to `B * K` rows, batch-major.
         vocab_size: int V, the last dimension of the logits.
-        max_length: int T, the most tokens a hypothesis may have, end-of-sequence
+        max_output_length: int T, the most tokens a hypothesis may have, end-of-sequence
             token included. It fixes the size of the output, so it must be a
             Python int (or a constant tensor) for XLA.
         eos_id: int, the end-of-sequence id.
         beam_size: int K (4 in the paper), also the size of the n-best list.
         alpha: float, the length penalty strength (0.6 in the paper).
-        max_lengths: optional int tensor `(B,)`, a limit per example (the paper
-            uses source length + 50), clipped to `[1, max_length]`.
+        max_output_lengths: optional int tensor `(B,)`, a limit per example (the paper
+            uses source length + 50), clipped to `[1, max_output_length]`.
         padding_id: int written after the end of every hypothesis.
         ignore_eos: if True, the end-of-sequence token does not finish a
-            hypothesis and the loop runs exactly `max_length` steps (no early
+            hypothesis and the loop runs exactly `max_output_length` steps (no early
             stop): for benchmarks with random weights.
 
     Returns:
@@ -237,17 +238,18 @@ def beam_search(
     """
     beam_size = _positive_int("beam_size", beam_size)
     vocab_size = _positive_int("vocab_size", vocab_size)
-    max_length = _static_max_length(max_length)
+    max_output_length = _static_max_output_length(max_output_length)
     initial_ids = _check_initial_ids(initial_ids)
     batch_size = _dim(initial_ids, 0)
-    max_lengths = _resolve_max_lengths(max_lengths, batch_size, max_length)
+    max_output_lengths = _resolve_max_output_lengths(
+        max_output_lengths, batch_size, max_output_length)
     initial_cache = {} if initial_cache is None else initial_cache
     num_candidates = min(2 * beam_size, beam_size * vocab_size)
-    columns = tf.range(max_length + 1)  # (T + 1,)
+    columns = tf.range(max_output_length + 1)  # (T + 1,)
     # The largest length penalty each example can still reach (alpha >= 0).
-    limit_penalties = length_penalty(max_lengths, alpha)  # (B,)
+    limit_penalties = length_penalty(max_output_lengths, alpha)  # (B,)
 
-    start_ids = _start_buffer(initial_ids, max_length, padding_id)  # (B, T + 1)
+    start_ids = _start_buffer(initial_ids, max_output_length, padding_id)  # (B, T + 1)
     # Only beam 0 holds a hypothesis at first: K copies of the start token
     # would fill the beam with K copies of every continuation.
     alive_log_probs = tf.concat(
@@ -264,12 +266,12 @@ def beam_search(
         alive_cache=tf.nest.map_structure(
             lambda t: tf.repeat(t, beam_size, axis=0), initial_cache
         ),  # leading dimension B * K
-        finished_ids=tf.fill([batch_size, beam_size, max_length + 1], padding_id),
+        finished_ids=tf.fill([batch_size, beam_size, max_output_length + 1], padding_id),
         finished_scores=tf.fill([batch_size, beam_size], _NO_HYPOTHESIS),  # (B, K)
     )
 
     def condition(state):
-        running = state.step < max_length
+        running = state.step < max_output_length
         if ignore_eos:
             return running
         # Both sides are sorted best first by top_k.
@@ -283,7 +285,7 @@ def beam_search(
         return tf.logical_and(running, can_improve)
 
     def body(state):
-        flat_ids = tf.reshape(state.alive_ids, [-1, max_length + 1])  # (B * K, T + 1)
+        flat_ids = tf.reshape(state.alive_ids, [-1, max_output_length + 1])  # (B * K, T + 1)
         logits, cache = symbols_to_logits_fn(flat_ids, state.step, state.alive_cache)
         cache = _same_shapes(cache, state.alive_cache)
         log_probs = _log_probs(logits, vocab_size)  # (B * K, V)
@@ -302,7 +304,7 @@ def beam_search(
             columns == length, tokens[:, :, tf.newaxis], candidate_ids
         )  # (B, C, T + 1)
 
-        at_limit = (length >= max_lengths)[:, tf.newaxis]  # (B, 1)
+        at_limit = (length >= max_output_lengths)[:, tf.newaxis]  # (B, 1)
         if ignore_eos:
             ends = tf.zeros_like(tokens, tf.bool)  # (B, C)
         else:
@@ -352,7 +354,7 @@ def beam_search(
         loop_vars=(state,),
         shape_invariants=(_shape_invariants(state),),
     )
-    # Every hypothesis alive at the last step reached max_length and was
+    # Every hypothesis alive at the last step reached max_output_length and was
     # finished, and an early stop leaves no live hypothesis that could enter
     # the n-best list, so the finished slots are the answer.
     # A slot without a hypothesis (score -inf) gets only padding. top_k keeps
@@ -423,17 +425,17 @@ def _positive_int(name, value):
     return number
 
 
-def _static_max_length(max_length):
-    """Returns `max_length` as a Python int when its value is known."""
-    value = tf.get_static_value(max_length)
+def _static_max_output_length(max_output_length):
+    """Returns `max_output_length` as a Python int when its value is known."""
+    value = tf.get_static_value(max_output_length)
     if value is None:
         # Graph mode with a computed length: works, but XLA cannot compile it.
-        return tf.cast(max_length, tf.int32)
+        return tf.cast(max_output_length, tf.int32)
     value = int(value)
     if value < 1:
         raise ValueError(
-            f"max_length must be at least 1 (the most tokens to generate). "
-            f"Received: max_length={value}"
+            f"max_output_length must be at least 1 (the most tokens to generate). "
+            f"Received: max_output_length={value}"
         )
     return value
 
@@ -454,22 +456,22 @@ def _dim(tensor, axis):
     return size if size is not None else tf.shape(tensor)[axis]
 
 
-def _resolve_max_lengths(max_lengths, batch_size, max_length):
-    """Per-example limits `(B,)` int32, clipped to [1, max_length]."""
-    if max_lengths is None:
-        return tf.fill([batch_size], max_length)
-    max_lengths = tf.cast(max_lengths, tf.int32)
-    if max_lengths.shape.rank != 1:
+def _resolve_max_output_lengths(max_output_lengths, batch_size, max_output_length):
+    """Per-example limits `(B,)` int32, clipped to [1, max_output_length]."""
+    if max_output_lengths is None:
+        return tf.fill([batch_size], max_output_length)
+    max_output_lengths = tf.cast(max_output_lengths, tf.int32)
+    if max_output_lengths.shape.rank != 1:
         raise ValueError(
-            "max_lengths must be a vector (batch,) of per-example limits. "
-            f"Received: max_lengths with shape {max_lengths.shape}"
+            "max_output_lengths must be a vector (batch,) of per-example limits. "
+            f"Received: max_output_lengths with shape {max_output_lengths.shape}"
         )
-    return tf.clip_by_value(max_lengths, 1, max_length)
+    return tf.clip_by_value(max_output_lengths, 1, max_output_length)
 
 
-def _start_buffer(initial_ids, max_length, padding_id):
+def _start_buffer(initial_ids, max_output_length, padding_id):
     """Id buffer `(B, T + 1)`: the start token, then padding."""
-    padding = tf.fill([_dim(initial_ids, 0), max_length], padding_id)  # (B, T)
+    padding = tf.fill([_dim(initial_ids, 0), max_output_length], padding_id)  # (B, T)
     return tf.concat([initial_ids[:, tf.newaxis], padding], axis=1)  # (B, T + 1)
 
 

@@ -55,7 +55,7 @@ class Transformer(MultiWorkerModel):
         )
         if config.positional_encoding == "learned":
             self.encoder_position, self.decoder_position = (
-                LearnedPositionalEmbedding(config.max_length, dtype=policy, name=name)
+                LearnedPositionalEmbedding(config.max_positions, dtype=policy, name=name)
                 for name in ("encoder_position", "decoder_position")
             )
         else:
@@ -179,7 +179,7 @@ class Transformer(MultiWorkerModel):
 
     # Incremental decoding --------------------------------------------------
 
-    def initial_cache(self, encoder_inputs, max_decode_length=None):
+    def initial_cache(self, encoder_inputs, max_output_length=None):
         """The decoding state for source ids `(B, S)`, before the first step.
 
         Runs the encoder once and every decoder layer's cross-attention key and
@@ -188,7 +188,7 @@ class Transformer(MultiWorkerModel):
 
         Args:
             encoder_inputs: int32 `(B, S)` source ids, padded with 0.
-            max_decode_length: the number of decoder positions the
+            max_output_length: the number of decoder positions the
                 self-attention cache holds (the begin-of-sequence token
                 included); None for no self-attention cache (decoding that
                 re-runs the whole prefix every step).
@@ -197,9 +197,9 @@ class Transformer(MultiWorkerModel):
             A dict: `"cross_attention"`, a list (one entry per decoder layer) of
             `(keys (B, S, h, d_k), values (B, S, h, d_v))`;
             `"encoder_padding_mask"`, boolean `(B, S)`; and unless
-            `max_decode_length` is None, `"self_attention"`, a list of zero
+            `max_output_length` is None, `"self_attention"`, a list of zero
             `(keys (B, L, h, d_k), values (B, L, h, d_v))` with
-            `L = max_decode_length`.
+            `L = max_output_length`.
         """
         encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
         padding_mask = ops.not_equal(encoder_inputs, PAD_ID)  # (B, S)
@@ -210,14 +210,14 @@ class Transformer(MultiWorkerModel):
             ],
             "encoder_padding_mask": padding_mask,
         }
-        if max_decode_length is None:
+        if max_output_length is None:
             return cache
         batch_size = ops.shape(encoder_inputs)[0]
         config = self.config
         dtype = self._policy.compute_dtype
 
         def zeros(head_dim):
-            return ops.zeros((batch_size, max_decode_length, config.num_heads, head_dim), dtype)
+            return ops.zeros((batch_size, max_output_length, config.num_heads, head_dim), dtype)
 
         cache["self_attention"] = [
             (zeros(config.d_k), zeros(config.d_v)) for _ in self.decoder_layers
@@ -246,7 +246,7 @@ class Transformer(MultiWorkerModel):
         search over: `step_fn(ids (N, T), step, cache) -> (logits (N, V), cache)`.
 
         With `use_cache`, each step decodes one position with the cache of
-        `initial_cache(source, max_decode_length)`; without it (the slow twin
+        `initial_cache(source, max_output_length)`; without it (the slow twin
         that tests and benchmarks compare with), each step re-runs the decoder
         on the whole prefix `ids[:, :step + 1]` over the cross-attention cache
         of `initial_cache(source)`.

@@ -175,7 +175,8 @@ def _training_config(run_dir, fields, explicit, saved):
 def _model_config(config, overrides, model_config_file, saved, model_named, cores):
     """The preset (or the file), then the overrides; a resumed run keeps its own
     (other shape flags are refused by `check_same_model`)."""
-    derived = dict(vocab_size=config.vocab_size, max_length=max(config.max_length, 256))
+    derived = dict(vocab_size=config.vocab_size,
+                   max_positions=max(config.max_sentence_tokens, 256))
     if model_config_file is not None:
         if model_named:
             raise ValueError("--model-config and --model both name a model; give one")

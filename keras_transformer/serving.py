@@ -39,7 +39,7 @@ Bad input is answered, not crashed on:
   score 0.0;
 - text that is not valid UTF-8 has its invalid bytes replaced by U+FFFD;
 - a source longer than `max_input_length` tokens (default: the model's
-  `max_length`) is truncated to its first `max_input_length` tokens;
+  `max_positions`) is truncated to its first `max_input_length` tokens;
 - an empty batch gives empty outputs;
 - a `beam_size` outside the traced set, a negative `extra_length`, a
   non-finite `alpha` or ids outside the vocabulary give an `InvalidArgument`
@@ -52,7 +52,7 @@ None)` (`export.py --ids-only`) makes an export with `translate_ids` alone (and
 
 Output length: at most `source tokens + extra_length` generated tokens (end of
 sequence included), and never more than `max_output_length` (the model's
-`max_length` for learned positions, whose table ends there;
+`max_positions` for learned positions, whose table ends there;
 `max_input_length + extra_length` for sinusoids).
 """
 
@@ -92,11 +92,11 @@ class Translator(tf.Module):
         extra_length: default number of output tokens allowed beyond the
             source length (50 in the paper).
         max_input_length: sources are truncated to this many tokens; defaults
-            to `model.config.max_length`.
+            to `model.config.max_positions`.
         beam_sizes: the beam sizes callers may ask for at run time; one search
             program is traced for each.
         max_output_length: the most tokens generated for any input; defaults
-            to `model.config.max_length` with learned positions, else
+            to `model.config.max_positions` with learned positions, else
             `max_input_length + extra_length`.
         jit_compile: compile each search with XLA. Sources are padded to a
             multiple of 8 tokens and batches to a power of two, so each
@@ -158,18 +158,18 @@ class Translator(tf.Module):
                 f"extra_length={extra_length!r}"
             )
         if max_input_length is None:
-            max_input_length = config.max_length
+            max_input_length = config.max_positions
         max_input_length = positive_int("max_input_length", max_input_length)
         if max_output_length is None:
             if config.positional_encoding == "learned":
-                max_output_length = config.max_length
+                max_output_length = config.max_positions
             else:
                 max_output_length = max_input_length + extra_length
         max_output_length = positive_int("max_output_length", max_output_length)
-        if config.positional_encoding == "learned" and max_output_length > config.max_length:
+        if config.positional_encoding == "learned" and max_output_length > config.max_positions:
             raise ValueError(
                 f"Translator: max_output_length={max_output_length} exceeds the "
-                f"{config.max_length} learned decoder positions of the model"
+                f"{config.max_positions} learned decoder positions of the model"
             )
         if jit_compile and not use_cache:
             raise ValueError(
@@ -356,13 +356,13 @@ class Translator(tf.Module):
 
         # Sec. 6.1: at most input length + 50 tokens; an empty source stops
         # after one step (its output is replaced by "").
-        max_length = tf.clip_by_value(width + extra_length, 1, self.max_output_length)
-        max_lengths = tf.where(padded_lengths > 0, padded_lengths + extra_length, 1)
+        longest_output = tf.clip_by_value(width + extra_length, 1, self.max_output_length)
+        output_limits = tf.where(padded_lengths > 0, padded_lengths + extra_length, 1)
 
-        ids, scores = self._dispatch(beam_size, source_ids, max_lengths, max_length, alpha)
+        ids, scores = self._dispatch(beam_size, source_ids, output_limits, longest_output, alpha)
         return ids[:batch_size], scores[:batch_size], lengths
 
-    def _dispatch(self, beam_size, source_ids, max_lengths, max_length, alpha):
+    def _dispatch(self, beam_size, source_ids, output_limits, longest_output, alpha):
         sizes = tf.constant(self.beam_sizes, tf.int32)
         valid = tf.reduce_any(tf.equal(beam_size, sizes))
         check = tf.debugging.Assert(
@@ -370,7 +370,7 @@ class Translator(tf.Module):
             [f"beam_size must be one of {list(self.beam_sizes)} (the sizes traced at "
              "export); received", beam_size],
         )
-        args = (source_ids, max_lengths, max_length, alpha)
+        args = (source_ids, output_limits, longest_output, alpha)
         if len(self._searches) == 1:
             with tf.control_dependencies([check]):
                 return self._searches[0](*args)
@@ -385,20 +385,20 @@ class Translator(tf.Module):
         model = self.model
         vocab_size = model.config.vocab_size
 
-        def search(source_ids, max_lengths, max_length, alpha):
+        def search(source_ids, output_limits, longest_output, alpha):
             batch_size = tf.shape(source_ids)[0]
             # The encoder and the cross-attention projections run once.
-            cache = model.initial_cache(source_ids, max_length if self.use_cache else None)
+            cache = model.initial_cache(source_ids, longest_output if self.use_cache else None)
             return decoding.beam_search(
                 model.step_function(self.use_cache),
                 tf.fill([batch_size], BOS_ID),
                 cache,
                 vocab_size=vocab_size,
-                max_length=max_length,
+                max_output_length=longest_output,
                 eos_id=EOS_ID,
                 beam_size=beam_size,
                 alpha=alpha,
-                max_lengths=max_lengths,
+                max_output_lengths=output_limits,
                 padding_id=PAD_ID,
                 ignore_eos=self.ignore_eos,
             )
@@ -409,8 +409,8 @@ class Translator(tf.Module):
             autograph=False,
             input_signature=[
                 tf.TensorSpec([None, None], tf.int32),  # source_ids (B, S)
-                tf.TensorSpec([None], tf.int32),  # max_lengths (B,)
-                tf.TensorSpec([], tf.int32),  # max_length T (a constant for XLA)
+                tf.TensorSpec([None], tf.int32),  # output_limits (B,)
+                tf.TensorSpec([], tf.int32),  # longest_output T (a constant for XLA)
                 tf.TensorSpec([], tf.float32),  # alpha
             ],
         )

@@ -21,7 +21,8 @@ from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import Perplexity
 from keras_transformer.metrics import TokenAccuracy
 from keras_transformer.model import build_transformer
-from keras_transformer.schedules import transformer_optimizer
+from keras_transformer.schedules import ADAM_SETTINGS
+from keras_transformer.schedules import TransformerSchedule
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.weights\.h5$")
 
@@ -45,22 +46,26 @@ def compile_for_training(model, label_smoothing=0.1, warmup_steps=4000, learning
     optimizer in a `LossScaleOptimizer` (dynamic loss scaling). The schedule's
     warm-up and scale are `keras.Variable`s, so that a budgeted run can plan
     them once it has timed its first steps (`budget.plan_run`).
+
+    Returns:
+        The optimizer's `TransformerSchedule`.
     """
     warmup_steps, learning_rate_scale = (
         keras.Variable(value, dtype="float32", trainable=False, name=name)
         for value, name in ((warmup_steps, "warmup_steps"),
                             (learning_rate_scale, "learning_rate_scale")))
+    schedule = TransformerSchedule(model.config.d_model, warmup_steps, learning_rate_scale)
     model.compile(
-        optimizer=transformer_optimizer(model.config.d_model, warmup_steps, learning_rate_scale),
+        optimizer=keras.optimizers.Adam(schedule, **ADAM_SETTINGS),
         loss=LabelSmoothedCrossEntropy(label_smoothing),
         metrics=[TokenAccuracy(), Perplexity()],
         jit_compile=jit_compile,
     )
-    return model
+    return schedule
 
 
-def fit_by_checkpoints(model, batches, step, last_step, checkpoint_every, planned_steps,
-                       callbacks, stop=lambda: False, **fit_args):
+def fit_by_checkpoints(model, batches, dev_batches, step, last_step, checkpoint_every,
+                       planned_steps, callbacks, stop=lambda: False, budgeted=False):
     """Trains from `step` to `last_step` with `model.fit`, an epoch a checkpoint
     interval: the steps to the next multiple of `checkpoint_every`, whole
     intervals, then the steps left over as one shorter epoch, so that the last
@@ -70,19 +75,24 @@ def fit_by_checkpoints(model, batches, step, last_step, checkpoint_every, planne
     Args:
         model: the compiled model.
         batches: `batches(skip)`, the training batches after the first `skip`.
+        dev_batches: the dev batches, whose loss is measured every epoch, or
+            on a `budgeted` run only half-way and at `planned_steps` (each pass,
+            and its compilations under XLA, costs steps).
         step: the step the run is at.
         last_step: where to stop, or None.
         checkpoint_every: steps per epoch.
-        planned_steps: the steps expected (with `last_step=None`).
+        planned_steps: the steps expected.
         callbacks: the `fit` callbacks.
         stop: checked after each `fit`.
-        **fit_args: more `fit` arguments (validation data and frequency).
+        budgeted: whether a time budget decides the steps.
 
     Returns:
         `(losses, step)`: the epochs' training losses and the step reached.
     """
     losses = []
     last_step = sys.maxsize if last_step is None else last_step
+    planned_epochs = math.ceil(planned_steps / checkpoint_every)
+    validation_freq = [max(1, planned_epochs // 2), planned_epochs] if budgeted else 1
     for epochs, length in _segments(step, last_step, checkpoint_every, planned_steps):
         history = model.fit(
             batches(step),
@@ -90,9 +100,10 @@ def fit_by_checkpoints(model, batches, step, last_step, checkpoint_every, planne
             initial_epoch=step // checkpoint_every,
             steps_per_epoch=length,
             callbacks=callbacks,
+            validation_data=dev_batches,
+            validation_freq=validation_freq,
             shuffle=False,  # the batches come shuffled
             verbose=0,
-            **fit_args,
         )
         losses += history.history.get("loss", [])
         step = int(model.optimizer.iterations.numpy())

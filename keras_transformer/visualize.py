@@ -49,7 +49,7 @@ def cross_attention_weights(model, tokenizer, source, target=None, *, layer=-1,
         layer: index of the decoder layer (-1, the last, by default).
         translator: a `keras_transformer.serving.Translator` for `target=None`.
         max_input_length: sources are truncated to this many tokens (default:
-            the model's `max_length`, as the translator does).
+            the model's `max_positions`, as the translator does).
 
     Returns:
         An `AttentionWeights`.
@@ -66,7 +66,7 @@ def cross_attention_weights(model, tokenizer, source, target=None, *, layer=-1,
             translator = serving.Translator(model, tokenizer, beam_sizes=(4,))
         outputs = translator.translate(tf.constant([source]))
         target = outputs["translation"].numpy()[0].decode("utf-8")
-    max_input_length = max_input_length or model.config.max_length
+    max_input_length = max_input_length or model.config.max_positions
     source_ids = tokenizer.tokenize(tf.constant([source]))[:, :max_input_length]
     source_ids = tf.cast(source_ids.to_tensor(), tf.int32)  # (1, S)
     target_ids = tf.cast(tokenizer.tokenize(tf.constant([target])).to_tensor(), tf.int32)

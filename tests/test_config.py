@@ -20,7 +20,7 @@ def analytic_parameter_count(config):
     decoder_layer = 2 * attention + feed_forward + 3 * norm
     total = embedding + config.num_layers * (encoder_layer + decoder_layer)
     if config.positional_encoding == "learned":
-        total += 2 * config.max_length * d
+        total += 2 * config.max_positions * d
     if config.norm_first:
         total += 2 * norm
     return total

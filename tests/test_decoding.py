@@ -71,30 +71,31 @@ class TestMarkovTableGreedy:
     def test_expected_ids_and_score(self):
         calls = []
         ids, scores = decoding.greedy_search(
-            _markov_fn(calls), tf.constant([BOS]), {}, max_length=10, eos_id=EOS
+            _markov_fn(calls), tf.constant([BOS]), {}, max_output_length=10, eos_id=EOS
         )
         # bos -> a (0.5) -> eos (0.4); then every row has ended: 2 steps, not 10.
         np.testing.assert_array_equal(ids, [_pad([A, EOS], 10)])
         np.testing.assert_allclose(scores, [np.log(0.5 * 0.4)], rtol=1e-6)
         assert len(calls) == 2
 
-    def test_per_example_max_lengths(self):
+    def test_per_example_max_output_lengths(self):
         ids, scores = decoding.greedy_search(
             _markov_fn([]),
             tf.constant([BOS, BOS]),
             {},
-            max_length=3,
+            max_output_length=3,
             eos_id=EOS,
-            max_lengths=tf.constant([1, 3]),
+            max_output_lengths=tf.constant([1, 3]),
         )
         # Example 0 stops at its limit of 1 token, without eos.
         np.testing.assert_array_equal(ids, [[A, PAD, PAD], [A, EOS, PAD]])
         np.testing.assert_allclose(scores, np.log([0.5, 0.5 * 0.4]), rtol=1e-6)
 
-    def test_ignore_eos_runs_exactly_max_length_steps(self):
+    def test_ignore_eos_runs_exactly_max_output_length_steps(self):
         calls = []
         ids, scores = decoding.greedy_search(
-            _markov_fn(calls), tf.constant([BOS]), {}, max_length=6, eos_id=EOS, ignore_eos=True
+            _markov_fn(calls), tf.constant([BOS]), {}, max_output_length=6, eos_id=EOS,
+            ignore_eos=True
         )
         # bos -> a (.5) -> eos (.4) -> a (.6) -> eos (.4) -> a (.6) -> eos (.4)
         np.testing.assert_array_equal(ids, [[A, EOS, A, EOS, A, EOS]])
@@ -110,7 +111,7 @@ class TestMarkovTableBeam:
             tf.constant([BOS]),
             {},
             vocab_size=5,
-            max_length=10,
+            max_output_length=10,
             eos_id=EOS,
             beam_size=2,
             alpha=0.0,
@@ -146,11 +147,11 @@ class TestMarkovTableBeam:
             tf.constant([BOS, BOS]),
             {},
             vocab_size=5,
-            max_length=10,
+            max_output_length=10,
             eos_id=EOS,
             beam_size=1,
             alpha=2.0,
-            max_lengths=tf.constant([2, 10]),
+            max_output_lengths=tf.constant([2, 10]),
         )
         np.testing.assert_array_equal(ids, [[_pad([EOS], 10)], [[A] * 10]])
         np.testing.assert_allclose(
@@ -164,7 +165,7 @@ class TestMarkovTableBeam:
             tf.constant([BOS]),
             {},
             vocab_size=5,
-            max_length=3,
+            max_output_length=3,
             eos_id=EOS,
             beam_size=2,
             alpha=0.6,
@@ -176,17 +177,17 @@ class TestMarkovTableBeam:
             scores, [np.log([0.36, 0.2]) / _penalty(2, 0.6)], rtol=1e-6
         )
 
-    def test_per_example_max_lengths(self):
+    def test_per_example_max_output_lengths(self):
         ids, scores = decoding.beam_search(
             _markov_fn([]),
             tf.constant([BOS, BOS]),
             {},
             vocab_size=5,
-            max_length=3,
+            max_output_length=3,
             eos_id=EOS,
             beam_size=2,
             alpha=0.6,
-            max_lengths=tf.constant([1, 3]),
+            max_output_lengths=tf.constant([1, 3]),
         )
         # Example 0: every one-token extension is finished at its limit, lp(1) = 1.
         np.testing.assert_array_equal(
@@ -198,14 +199,14 @@ class TestMarkovTableBeam:
             rtol=1e-6,
         )
 
-    def test_ignore_eos_runs_exactly_max_length_steps(self):
+    def test_ignore_eos_runs_exactly_max_output_length_steps(self):
         calls = []
         ids, scores = decoding.beam_search(
             _markov_fn(calls),
             tf.constant([BOS]),
             {},
             vocab_size=5,
-            max_length=7,
+            max_output_length=7,
             eos_id=EOS,
             beam_size=2,
             alpha=0.0,
@@ -265,11 +266,11 @@ class _PrefixModel:
 
         return symbols_to_logits_fn
 
-    def cached_state(self, source=None, max_length=_MAX_LENGTH):
+    def cached_state(self, source=None, max_output_length=_MAX_LENGTH):
         source = tf.convert_to_tensor(self.source if source is None else source)
         return {
             "logits": source,  # (B, V)
-            "path": tf.zeros([tf.shape(source)[0], max_length + 1], tf.int32),  # (B, T + 1)
+            "path": tf.zeros([tf.shape(source)[0], max_output_length + 1], tf.int32),  # (B, T + 1)
         }
 
     def uncached_fn(self):
@@ -288,11 +289,11 @@ class _PrefixModel:
     def uncached_state(self):
         return {"source": tf.constant(self.source)}
 
-    def exhaustive_search(self, example, start_id, max_length, alpha, ignore_eos=False):
+    def exhaustive_search(self, example, start_id, max_output_length, alpha, ignore_eos=False):
         """Every complete hypothesis with its score, best first (the slow twin).
 
         A hypothesis is complete when it ends in eos (unless ignore_eos) or has
-        max_length tokens; its score is log P / lp(|Y|), |Y| counting eos.
+        max_output_length tokens; its score is log P / lp(|Y|), |Y| counting eos.
         Float64 throughout.
         """
         complete = []
@@ -307,7 +308,7 @@ class _PrefixModel:
                     continue
                 output = prefix[1:] + [token]
                 total = log_prob + log_probs[token]
-                if (token == _R_EOS and not ignore_eos) or len(output) == max_length:
+                if (token == _R_EOS and not ignore_eos) or len(output) == max_output_length:
                     complete.append((total / _penalty(len(output), alpha), output))
                 else:
                     extend(prefix + [token], total)
@@ -332,11 +333,11 @@ class TestExhaustive:
                 tf.constant(starts),
                 model.cached_state(),
                 vocab_size=_VOCAB,
-                max_length=_MAX_LENGTH,
+                max_output_length=_MAX_LENGTH,
                 eos_id=_R_EOS,
                 beam_size=beam_size,
                 alpha=alpha,
-                max_lengths=tf.constant(limits),
+                max_output_lengths=tf.constant(limits),
             )
         )
         for b, (start, limit) in enumerate(zip(starts, limits)):
@@ -360,9 +361,9 @@ class TestExhaustive:
             decoding.beam_search(
                 model.cached_fn(check_path=True),
                 tf.constant([_R_B]),
-                model.cached_state(max_length=3),
+                model.cached_state(max_output_length=3),
                 vocab_size=_VOCAB,
-                max_length=3,
+                max_output_length=3,
                 eos_id=_R_EOS,
                 beam_size=9,
                 alpha=0.6,
@@ -379,7 +380,7 @@ class TestEquivalences:
     def test_cached_equals_uncached(self):
         model = _PrefixModel(seed=2, batch_size=3)
         starts = tf.constant([_R_A, _R_B, _R_B])
-        kwargs = dict(vocab_size=_VOCAB, max_length=_MAX_LENGTH, eos_id=_R_EOS, beam_size=3)
+        kwargs = dict(vocab_size=_VOCAB, max_output_length=_MAX_LENGTH, eos_id=_R_EOS, beam_size=3)
         cached = _numpy(
             decoding.beam_search(
                 model.cached_fn(check_path=True), starts, model.cached_state(), **kwargs
@@ -398,14 +399,14 @@ class TestEquivalences:
         greedy_ids, greedy_scores = _numpy(
             decoding.greedy_search(
                 model.cached_fn(), starts, model.cached_state(),
-                max_length=_MAX_LENGTH, eos_id=_R_EOS, max_lengths=limits,
+                max_output_length=_MAX_LENGTH, eos_id=_R_EOS, max_output_lengths=limits,
             )
         )
         beam_ids, beam_scores = _numpy(
             decoding.beam_search(
                 model.cached_fn(), starts, model.cached_state(), vocab_size=_VOCAB,
-                max_length=_MAX_LENGTH, eos_id=_R_EOS, beam_size=1, alpha=0.0,
-                max_lengths=limits,
+                max_output_length=_MAX_LENGTH, eos_id=_R_EOS, beam_size=1, alpha=0.0,
+                max_output_lengths=limits,
             )
         )
         # Every way of ending occurs: eos at once, eos later, the limit.
@@ -455,7 +456,8 @@ class TestCompiled:
         def search(starts, limits, source):
             return decoding.beam_search(
                 model.cached_fn(), starts, model.cached_state(source), vocab_size=_VOCAB,
-                max_length=_MAX_LENGTH, eos_id=_R_EOS, beam_size=3, max_lengths=limits,
+                max_output_length=_MAX_LENGTH, eos_id=_R_EOS, beam_size=3,
+                max_output_lengths=limits,
             )
 
         self._check(search)
@@ -466,7 +468,7 @@ class TestCompiled:
         def search(starts, limits, source):
             return decoding.greedy_search(
                 model.cached_fn(), starts, model.cached_state(source),
-                max_length=_MAX_LENGTH, eos_id=_R_EOS, max_lengths=limits,
+                max_output_length=_MAX_LENGTH, eos_id=_R_EOS, max_output_lengths=limits,
             )
 
         self._check(search)
@@ -478,11 +480,11 @@ class TestErrors:
         starts = tf.constant([BOS])
         with pytest.raises(ValueError, match="Received: beam_size=0"):
             decoding.beam_search(
-                fn, starts, {}, vocab_size=5, max_length=3, eos_id=EOS, beam_size=0
+                fn, starts, {}, vocab_size=5, max_output_length=3, eos_id=EOS, beam_size=0
             )
-        with pytest.raises(ValueError, match="Received: max_length=0"):
-            decoding.greedy_search(fn, starts, {}, max_length=0, eos_id=EOS)
+        with pytest.raises(ValueError, match="Received: max_output_length=0"):
+            decoding.greedy_search(fn, starts, {}, max_output_length=0, eos_id=EOS)
         with pytest.raises(ValueError, match="vocab_size=7"):
-            decoding.beam_search(fn, starts, {}, vocab_size=7, max_length=3, eos_id=EOS)
+            decoding.beam_search(fn, starts, {}, vocab_size=7, max_output_length=3, eos_id=EOS)
         with pytest.raises(ValueError, match="initial_ids must be a vector"):
-            decoding.greedy_search(fn, tf.constant([[BOS]]), {}, max_length=3, eos_id=EOS)
+            decoding.greedy_search(fn, tf.constant([[BOS]]), {}, max_output_length=3, eos_id=EOS)

@@ -66,7 +66,7 @@ def test_cached_step_by_step_decoding_equals_full_pass(model):
     source, target = _ids(3, 7), _ids(3, 6)
     source[1, 4:] = 0  # a padded source in the batch
     full = _logits(model, source, target)
-    cache = model.initial_cache(source, max_decode_length=10)
+    cache = model.initial_cache(source, max_output_length=10)
     for step in range(target.shape[1]):
         logits, cache = model.decode_step(target[:, step], cache, step)
         np.testing.assert_allclose(logits, full[:, step], atol=1e-5)
@@ -80,7 +80,7 @@ def test_cached_decoding_compiles_with_xla(model):
 
     @tf.function(jit_compile=True)
     def decode(source, target):
-        cache = model.initial_cache(source, max_decode_length=3)
+        cache = model.initial_cache(source, max_output_length=3)
         logits = []
         for step in range(3):
             step_logits, cache = model.decode_step(target[:, step], cache, tf.constant(step))
@@ -90,7 +90,8 @@ def test_cached_decoding_compiles_with_xla(model):
     np.testing.assert_allclose(decode(source, target), full, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["base", "big"])
+# big: 213M parameters, 5 s to build.
+@pytest.mark.parametrize("name", ["base", pytest.param("big", marks=pytest.mark.slow)])
 def test_parameter_count_matches_the_paper(name):
     config = TransformerConfig.preset(name, vocab_size=37000)
     count = build_transformer(config).count_params()

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Appended to each command: later flags win in argparse.
 SHRINK = ["--steps", "2", "--checkpoint-every", "1", "--keep-checkpoints", "1",
           "--average-last", "1", "--vocab-size", "600", "--vocab-sentences", "4000",
-          "--max-length", "24", "--tokens-per-batch", "256", "--test-sentences", "2",
+          "--max-sentence-tokens", "24", "--tokens-per-batch", "256", "--test-sentences", "2",
           "--verbose"]
 SMALL_SHAPE = ["--num-layers", "1", "--d-model", "32", "--d-ff", "64", "--num-heads", "2"]
 

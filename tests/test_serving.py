@@ -58,12 +58,12 @@ def test_cached_decoding_equals_rerunning_the_full_decoder(model, tokenizer):
     source = tokenizer.tokenize(tf.constant(SENTENCES)).to_tensor()  # (B, S)
     batch, max_length = source.shape[0], 12
     start = tf.fill([batch], BOS_ID)
-    args = dict(vocab_size=model.config.vocab_size, max_length=max_length, eos_id=EOS_ID,
+    args = dict(vocab_size=model.config.vocab_size, max_output_length=max_length, eos_id=EOS_ID,
                 beam_size=3, alpha=0.6)
 
     @tf.function(autograph=False)
     def cached():
-        cache = model.initial_cache(source, max_decode_length=max_length)
+        cache = model.initial_cache(source, max_output_length=max_length)
         return decoding.beam_search(model.step_function(), start, cache, **args)
 
     @tf.function(autograph=False)
@@ -147,11 +147,11 @@ def test_beam_one_with_alpha_zero_is_greedy(translator, model, tokenizer):
     source = tokenizer.tokenize(tf.constant(SENTENCES)).to_tensor()[:, :MAX_INPUT_LENGTH]
     ids = translator.translate_ids(source, beam_size=tf.constant(1), alpha=tf.constant(0.0))
     lengths = tf.reduce_sum(tf.cast(source != 0, tf.int32), axis=1)
-    cache = model.initial_cache(source, max_decode_length=source.shape[1] + EXTRA_LENGTH)
+    cache = model.initial_cache(source, max_output_length=source.shape[1] + EXTRA_LENGTH)
     greedy, log_probs = decoding.greedy_search(
         lambda i, step, cache: model.decode_step(i[:, step], cache, step),
-        tf.fill([source.shape[0]], BOS_ID), cache, max_length=source.shape[1] + EXTRA_LENGTH,
-        eos_id=EOS_ID, max_lengths=lengths + EXTRA_LENGTH,
+        tf.fill([source.shape[0]], BOS_ID), cache, max_output_length=source.shape[1] + EXTRA_LENGTH,
+        eos_id=EOS_ID, max_output_lengths=lengths + EXTRA_LENGTH,
     )
     greedy = np.where(greedy.numpy() == EOS_ID, 0, greedy.numpy())[:, : ids["ids"].shape[1]]
     np.testing.assert_array_equal(ids["ids"], greedy)

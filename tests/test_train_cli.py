@@ -25,7 +25,8 @@ from tests.test_distributed import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Small and quick: a 600-token vocabulary, short sentences, tiny batches.
-QUICK = ["--model", "tiny", "--vocab-size", "600", "--vocab-sentences", "4000", "--max-length", "24",
+QUICK = ["--model", "tiny", "--vocab-size", "600", "--vocab-sentences", "4000",
+         "--max-sentence-tokens", "24",
          "--tokens-per-batch", "256", "--checkpoint-every", "2", "--steps", "6",
          "--average-last", "2", "--test-sentences", "0", "--warmup-steps", "4"]
 
@@ -90,7 +91,7 @@ def test_model_shape_flags_resolve_over_the_preset(tmp_path):
     resolved = runs.resolve_configs(
         str(tmp_path / "run"), fields, explicit, overrides, args.model_config)[1]
     assert resolved == TransformerConfig.preset(
-        "c_dmodel256", vocab_size=fields["vocab_size"], max_length=256, dropout_rate=0.2)
+        "c_dmodel256", vocab_size=fields["vocab_size"], max_positions=256, dropout_rate=0.2)
 
 
 def test_time_budget_picks_the_cpu_recipe():

@@ -39,7 +39,7 @@ def make_model(vocab_size, seed=0, **overrides):
     """A tiny Transformer with random weights (d_model 32, 2 layers)."""
     keras.utils.set_random_seed(seed)
     config = TransformerConfig.tiny(
-        vocab_size, **dict(dict(d_model=32, d_ff=64, max_length=64), **overrides)
+        vocab_size, **dict(dict(d_model=32, d_ff=64, max_positions=64), **overrides)
     )
     return build_transformer(config)
 

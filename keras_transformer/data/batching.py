@@ -28,27 +28,28 @@ from keras_transformer.token_ids import BOS_ID, EOS_ID, PAD_ID
 _CHUNK_SIZE = 8192
 
 
-def bucket_lengths(max_length, granularity=8, growth=1.1):
+def bucket_lengths(max_sentence_tokens, granularity=8, growth=1.1):
     """Padded lengths of the buckets: multiples of `granularity` that grow by about
-    `growth` each, ending with `max_length`.
+    `growth` each, ending with `max_sentence_tokens`.
 
     Example: `bucket_lengths(64)` is `[8, 16, 24, 32, 40, 48, 56, 64]`;
     `bucket_lengths(256)` has 20 buckets, from 8 to 256.
     """
-    if max_length < 1 or granularity < 1 or growth < 1:
+    if max_sentence_tokens < 1 or granularity < 1 or growth < 1:
         raise ValueError(
-            "bucket_lengths needs max_length >= 1, granularity >= 1 and growth >= 1. "
-            f"Received: max_length={max_length}, granularity={granularity}, growth={growth}"
+            "bucket_lengths needs max_sentence_tokens >= 1, granularity >= 1 and growth >= 1. "
+            f"Received: max_sentence_tokens={max_sentence_tokens}, granularity={granularity}, "
+            f"growth={growth}"
         )
     lengths = []
     length = granularity
-    while length < max_length:
+    while length < max_sentence_tokens:
         lengths.append(length)
         length = max(
             length + granularity,
             math.ceil(length * growth / granularity) * granularity,
         )
-    lengths.append(max_length)
+    lengths.append(max_sentence_tokens)
     return lengths
 
 
@@ -60,7 +61,7 @@ class BatchStats:
 
     Attributes:
         pairs_read: int64 `tf.Variable`, the pairs that entered `make_batches`.
-        pairs_too_long: int64 `tf.Variable`, those dropped for exceeding max_length.
+        pairs_too_long: int64 `tf.Variable`, those dropped for exceeding max_sentence_tokens.
     """
 
     def __init__(self):
@@ -88,7 +89,7 @@ def make_batches(
     pairs,
     tokenizer,
     tokens_per_batch=25000,
-    max_length=256,
+    max_sentence_tokens=256,
     *,
     num_replicas=1,
     shuffle=True,
@@ -109,7 +110,7 @@ def make_batches(
             int32 ragged ids works).
         tokens_per_batch: int, the token budget of one batch per replica, for
             source and for target each, padding included (paper: 25000).
-        max_length: int, the longest sequence kept, in tokens; a pair whose source
+        max_sentence_tokens: int, the longest sequence kept, in tokens; a pair whose source
             has more tokens, or whose target has more with BOS (or EOS) added, is
             dropped and counted in `stats.pairs_too_long`.
         num_replicas: int, the replicas the batches are split across
@@ -124,7 +125,7 @@ def make_batches(
             run (with shuffle, a seed is required), False lets parallel
             tokenization deliver out of order for speed.
         bucket_boundaries: list of padded lengths, increasing, the last being
-            max_length; `bucket_lengths(max_length)` when None.
+            max_sentence_tokens; `bucket_lengths(max_sentence_tokens)` when None.
         static_batch_size: bool; True fills the last, partial batch of each bucket
             with rows of padding (ids 0, no target tokens) so that every batch of a
             bucket has the same shape and a jit-compiled model compiles one
@@ -151,13 +152,14 @@ def make_batches(
     stats.result()  # {"pairs_read": ..., "pairs_too_long": ..., "pairs_batched": ...}
     ```
     """
-    if max_length < 1:
-        raise ValueError(f"max_length must be positive. Received: max_length={max_length}")
+    if max_sentence_tokens < 1:
+        raise ValueError("max_sentence_tokens must be positive. "
+                         f"Received: max_sentence_tokens={max_sentence_tokens}")
     if bucket_boundaries is None:
-        bucket_boundaries = bucket_lengths(max_length)
+        bucket_boundaries = bucket_lengths(max_sentence_tokens)
     bucket_boundaries = [int(length) for length in bucket_boundaries]
     _validate(
-        tokens_per_batch, max_length, num_replicas, bucket_boundaries, shuffle, seed,
+        tokens_per_batch, max_sentence_tokens, num_replicas, bucket_boundaries, shuffle, seed,
         deterministic, shuffle_buffer_size,
     )
     # Per bucket: padded length L and global batch size, num_replicas x the pairs
@@ -177,8 +179,8 @@ def make_batches(
         target = tf.cast(target, tf.int32).with_row_splits_dtype(tf.int64)
         # The decoder sees BOS + target and predicts target + EOS: one more token.
         keep = tf.logical_and(
-            source.row_lengths() <= max_length,
-            target.row_lengths() + 1 <= max_length,
+            source.row_lengths() <= max_sentence_tokens,
+            target.row_lengths() + 1 <= max_sentence_tokens,
         )  # (n,)
         num_dropped = tf.reduce_sum(tf.cast(tf.logical_not(keep), tf.int64))
         with tf.control_dependencies([
@@ -301,14 +303,14 @@ def make_batches(
 
 
 def _validate(
-    tokens_per_batch, max_length, num_replicas, boundaries, shuffle, seed,
+    tokens_per_batch, max_sentence_tokens, num_replicas, boundaries, shuffle, seed,
     deterministic, shuffle_buffer_size,
 ):
-    if tokens_per_batch < max_length:
+    if tokens_per_batch < max_sentence_tokens:
         raise ValueError(
-            f"tokens_per_batch must be at least max_length, or a pair of the longest "
+            f"tokens_per_batch must be at least max_sentence_tokens, or a pair of the longest "
             f"length would not fit a batch. Received: tokens_per_batch="
-            f"{tokens_per_batch}, max_length={max_length}"
+            f"{tokens_per_batch}, max_sentence_tokens={max_sentence_tokens}"
         )
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be positive. Received: num_replicas={num_replicas}")
@@ -316,11 +318,11 @@ def _validate(
         not boundaries
         or boundaries != sorted(set(boundaries))
         or boundaries[0] < 1
-        or boundaries[-1] != max_length
+        or boundaries[-1] != max_sentence_tokens
     ):
         raise ValueError(
             "bucket_boundaries must be increasing positive lengths ending with "
-            f"max_length={max_length}. Received: bucket_boundaries={boundaries}"
+            f"max_sentence_tokens={max_sentence_tokens}. Received: bucket_boundaries={boundaries}"
         )
     if shuffle and deterministic and seed is None:
         raise ValueError(

@@ -7,8 +7,8 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
     """Learned positional embeddings, the alternative of Table 3 row (E).
 
     Args:
-        max_length: the number of positions that have an embedding.
-        embeddings_initializer: initializer of the `(max_length, d_model)`
+        max_positions: the number of positions that have an embedding.
+        embeddings_initializer: initializer of the `(max_positions, d_model)`
             table.
 
     Call arguments:
@@ -19,17 +19,17 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         `(B, T, d_model)` position embeddings, to be added to the embeddings.
     """
 
-    def __init__(self, max_length, embeddings_initializer="glorot_uniform", **kwargs):
+    def __init__(self, max_positions, embeddings_initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
-        if max_length < 1:
-            raise ValueError(f"max_length must be >= 1. Received: max_length={max_length}")
-        self.max_length = max_length
+        if max_positions < 1:
+            raise ValueError(f"max_positions must be >= 1. Received: max_positions={max_positions}")
+        self.max_positions = max_positions
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
 
     def build(self, inputs_shape):
         self.position_embeddings = self.add_weight(
             name="embeddings",
-            shape=(self.max_length, inputs_shape[-1]),
+            shape=(self.max_positions, inputs_shape[-1]),
             initializer=self.embeddings_initializer,
         )
 
@@ -47,7 +47,7 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         config = super().get_config()
         config.update(
             {
-                "max_length": self.max_length,
+                "max_positions": self.max_positions,
                 "embeddings_initializer": keras.initializers.serialize(
                     self.embeddings_initializer
                 ),

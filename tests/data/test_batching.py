@@ -13,7 +13,7 @@ BUDGET = 1000
 MAX_LENGTH = 64
 
 
-def reference_pairs(pairs, tokenizer, max_length):
+def reference_pairs(pairs, tokenizer, max_sentence_tokens):
     """The slow, obvious twin: (source ids, target ids) kept, and the number dropped.
 
     It tokenizes with sentencepiece's own Python API, not with TensorFlow.
@@ -23,7 +23,7 @@ def reference_pairs(pairs, tokenizer, max_length):
     for pair in pairs.as_numpy_iterator():
         source = processor.encode(pair["source"].decode("utf-8"))
         target = processor.encode(pair["target"].decode("utf-8"))
-        if len(source) > max_length or len(target) + 1 > max_length:
+        if len(source) > max_sentence_tokens or len(target) + 1 > max_sentence_tokens:
             too_long += 1
         else:
             kept.append((tuple(source), tuple(target)))
@@ -69,7 +69,7 @@ def test_bucket_lengths():
     ]
     assert data.bucket_lengths(20) == [8, 16, 20]
     assert data.bucket_lengths(100, granularity=16, growth=2) == [16, 32, 64, 100]
-    with pytest.raises(ValueError, match="Received: max_length=0"):
+    with pytest.raises(ValueError, match="Received: max_sentence_tokens=0"):
         data.bucket_lengths(0)
 
 
@@ -198,17 +198,17 @@ def test_batches_feed_model_fit(dev_pairs, tokenizer):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"tokens_per_batch": 32}, "tokens_per_batch must be at least max_length"),
-        ({"max_length": 0}, "max_length must be positive"),
+        ({"tokens_per_batch": 32}, "tokens_per_batch must be at least max_sentence_tokens"),
+        ({"max_sentence_tokens": 0}, "max_sentence_tokens must be positive"),
         ({"num_replicas": 0}, "num_replicas must be positive"),
         ({"deterministic": True}, "deterministic=True with shuffle=True needs a seed"),
         ({"bucket_boundaries": [16, 8, 64]}, "bucket_boundaries must be increasing"),
-        ({"bucket_boundaries": [8, 32]}, "ending with max_length=64"),
+        ({"bucket_boundaries": [8, 32]}, "ending with max_sentence_tokens=64"),
         ({"shuffle_buffer_size": 0}, "shuffle_buffer_size must be positive"),
     ],
 )
 def test_arguments_are_checked(dev_pairs, tokenizer, kwargs, message):
-    arguments = {"tokens_per_batch": BUDGET, "max_length": MAX_LENGTH, **kwargs}
+    arguments = {"tokens_per_batch": BUDGET, "max_sentence_tokens": MAX_LENGTH, **kwargs}
     with pytest.raises(ValueError, match=message):
         data.make_batches(dev_pairs, tokenizer, **arguments)
 

@@ -29,7 +29,7 @@ def test_sinusoidal_is_float32_accurate_far_out_under_bfloat16():
 
 
 def test_learned_embedding_slices_its_table_from_start_index():
-    layer = LearnedPositionalEmbedding(max_length=20)
+    layer = LearnedPositionalEmbedding(max_positions=20)
     x = np.zeros((3, 5, 8), "float32")
     layer(x)
     table = np.asarray(layer.position_embeddings)
