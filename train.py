@@ -109,6 +109,8 @@ def run(args, fields, model_overrides, explicit):
                      target_language=config.target_language)
     train_pairs = data.load_parallel(source, splits["train"], **languages)
     dev_pairs = data.load_parallel(source, splits["dev"], **languages)
+    if chief:  # one trainer per run directory, once the flags and data are checked
+        runs.lock_for_writing(args.out)
     tokenizer = runs.load_vocabulary(  # the other workers wait for the chief's
         args.out, train_pairs, config, chief, lambda: distributed.same_on_all_workers(strategy, 0))
 
@@ -124,10 +126,8 @@ def run(args, fields, model_overrides, explicit):
             model, model_config.label_smoothing, config.warmup_steps, config.learning_rate_scale,
             config.jit_compile)
         step = training.restore_latest_checkpoint(model, checkpoint_dir)
-    if not distributed.same_on_all_workers(strategy, step):
-        raise ValueError(f"the workers found different checkpoints in {checkpoint_dir} "
-                         f"(this one: step {step}); --out must be a directory "
-                         "that every worker shares")
+    distributed.require_same_on_all_workers(
+        strategy, step, f"the checkpoints in {checkpoint_dir}: this worker resumes at {step}")
     if step:
         print(f"Resuming {args.out} at step {step}.", flush=True)
 
@@ -151,7 +151,7 @@ def run(args, fields, model_overrides, explicit):
         config.time_budget * 60 or None, config.time_budget_clock,
         start=_START[config.time_budget_clock], wall_start=_START["wall"])
     max_steps = config.steps if "steps" in explicit or not config.time_budget else None
-    if config.time_budget and not step:
+    if config.time_budget and not step and budget.worth_planning(max_steps):
         print(f"Timing the first steps to plan a {config.time_budget:g}-minute "
               f"({config.time_budget_clock} clock) run...", flush=True)
         config, step = budget.plan_run(model, schedule, train_batches(0), clock, config,
@@ -180,7 +180,7 @@ def run(args, fields, model_overrides, explicit):
         runs.write_config(args.out, model_config, dataclasses.replace(config, steps=step))
 
     # === Average the last checkpoints (Sec. 6.1) and save ===
-    model.save(os.path.join(args.out, runs.FINAL_MODEL))
+    runs.write_atomically(os.path.join(args.out, runs.FINAL_MODEL), model.save)
     last = [path for _, path in training.list_checkpoints(checkpoint_dir)][-config.average_last:]
     averaged_path = os.path.join(args.out, runs.AVERAGED_WEIGHTS)
     averaged = training.save_average(model, last, averaged_path)

@@ -18,6 +18,9 @@ CLOCKS = {"wall": time.monotonic, "cpu": time.process_time}
 PLANNED_AVERAGE_SPAN = 0.25
 PLANNED_WARMUP_FRACTION = 0.4
 PLANNED_OVERHEAD = 0.1
+# Steps timed before a budgeted run is planned (the first ones compile); a run of
+# at most twice as many steps is not planned.
+CALIBRATION_STEPS = 20
 
 
 class TrainingClock(keras.callbacks.Callback):
@@ -113,8 +116,14 @@ def plan_for_budget(step, step_seconds, seconds_left, average_last, warmup_steps
     return BudgetPlan(steps, checkpoint_every, planned_warmup, scale)
 
 
+def worth_planning(max_steps):
+    """Whether a budgeted run of at most `max_steps` steps (None: the budget
+    decides) is long enough to time its first steps and plan the rest."""
+    return max_steps is None or max_steps > 2 * CALIBRATION_STEPS
+
+
 def plan_run(model, schedule, batches, clock, config, explicit, max_steps=None,
-             calibration_steps=20):
+             calibration_steps=CALIBRATION_STEPS):
     """Times the first `calibration_steps` steps of a budgeted run, then plans the
     rest (`plan_for_budget`) and sets the schedule's warm-up and scale.
 

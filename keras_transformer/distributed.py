@@ -92,6 +92,14 @@ def same_on_all_workers(strategy, value):
     return strategy.num_replicas_in_sync * total[1] == total[0] ** 2
 
 
+def require_same_on_all_workers(strategy, value, what):
+    """`same_on_all_workers`, or a `ValueError` saying that the workers disagree
+    on `what` and that the run directory must be one that they all share."""
+    if not same_on_all_workers(strategy, value):
+        raise ValueError(f"the workers disagree on {what}; --out must be a directory that "
+                         "every worker shares")
+
+
 class MultiWorkerModel(keras.Model):
     """A `keras.Model` whose `fit` and `evaluate` also run under a
     `MultiWorkerMirroredStrategy` spanning several workers (Keras 3.x fails there

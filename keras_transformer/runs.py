@@ -10,11 +10,24 @@
 Here are the file names, loading a run (`load_run`), writing its config whole or
 not at all (`write_config`), and what a run started again with the same
 directory may change (`resolve_configs`: only how long it trains).
+
+Runs last days, so their files are written to survive a kill at any moment:
+each to a temporary name that carries the writer's pid, fsynced, then renamed
+(`write_atomically`), and `RunLock` keeps a second trainer out of a directory
+that one is writing (`RUN/.lock` names the holder).
 """
 
+import atexit
 import dataclasses
+import datetime
+import fcntl
+import hashlib
 import json
 import os
+import re
+import shutil
+import socket
+import sys
 
 import keras
 
@@ -24,6 +37,7 @@ from keras_transformer.data import SubwordTokenizer
 from keras_transformer.model import build_transformer
 
 CONFIG = "config.json"
+LOCK = ".lock"
 VOCAB = "vocab"
 CHECKPOINTS = "checkpoints"
 TENSORBOARD_LOGS = "logs"
@@ -31,6 +45,10 @@ CSV_LOG = "log.csv"
 AVERAGED_WEIGHTS = "averaged.weights.h5"
 FINAL_MODEL = "model.keras"
 WEIGHTS = {"averaged": AVERAGED_WEIGHTS, "final": FINAL_MODEL}
+# A file's or directory's temporary name while it is written: NAME.tmp-PID[.SUFFIX].
+TEMPORARY = re.compile(r"\.tmp-(\d+)(?:\.|$)")
+# Suffixes that a writer needs on the temporary name too (Keras checks them).
+_SUFFIXES = (".weights.h5", ".keras", ".json", ".npy", ".csv")
 # What a resumed run may change: how long it trains.
 RESUMABLE_CHANGES = ("steps", "time_budget", "time_budget_clock")
 
@@ -87,14 +105,38 @@ def load_vocabulary(run_dir, pairs, config, chief=True, wait=lambda: None):
     vocab_dir = os.path.join(run_dir, VOCAB)
     if chief and not os.path.exists(vocab_dir):
         print(f"Training a {config.vocab_size}-token shared vocabulary...", flush=True)
-        SubwordTokenizer.train(pairs, vocab_size=config.vocab_size,
-                               max_sentences=config.vocab_sentences,
-                               seed=config.seed).save(vocab_dir)
+        tokenizer = SubwordTokenizer.train(pairs, vocab_size=config.vocab_size,
+                                           max_sentences=config.vocab_sentences, seed=config.seed)
+        write_atomically(vocab_dir, tokenizer.save)
     wait()
     if not os.path.exists(vocab_dir):
         raise ValueError(f"{vocab_dir} is missing on this worker: on a multi-worker run, "
                          "the run directory must be one that every worker shares")
     return SubwordTokenizer.load(vocab_dir)
+
+
+def vocabulary_digest(vocab_dir):
+    """The sha256 of a vocabulary directory's files (names and contents), hex."""
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(vocab_dir)):
+        digest.update(name.encode() + b"\0")
+        with open(os.path.join(vocab_dir, name), "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()
+
+
+def check_same_vocabulary(run_dir, saved):
+    """Refuses to resume `run_dir` when its vocabulary is not the one the run's
+    config.json recorded."""
+    recorded = (saved or {}).get("vocab_sha256")
+    if recorded is None:  # a new run, or one from before the digest was recorded
+        return
+    actual = vocabulary_digest(os.path.join(run_dir, VOCAB))
+    if recorded != actual:
+        raise ValueError(
+            f"{os.path.join(run_dir, VOCAB)} is not the vocabulary this run was trained with "
+            f"(sha256 {actual[:12]}..., {CONFIG} records {recorded[:12]}...); put the run's own "
+            "vocabulary back, or pass a new --out")
 
 
 def read_config(run_dir):
@@ -107,14 +149,149 @@ def read_config(run_dir):
 
 
 def write_config(run_dir, model_config, training_config):
-    """Writes config.json whole or not at all: a temporary file, then a rename."""
+    """Writes config.json whole or not at all, with the sha256 of the run's
+    vocabulary when it has one."""
+    values = {"model": model_config.to_dict(), "training": training_config.to_dict()}
+    if os.path.isdir(os.path.join(run_dir, VOCAB)):
+        values["vocab_sha256"] = vocabulary_digest(os.path.join(run_dir, VOCAB))
+
+    def write(path):
+        with open(path, "w") as f:
+            json.dump(values, f, indent=2, sort_keys=True)
+
     os.makedirs(run_dir, exist_ok=True)
-    path = os.path.join(run_dir, CONFIG)
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w") as f:
-        json.dump({"model": model_config.to_dict(), "training": training_config.to_dict()},
-                  f, indent=2, sort_keys=True)
-    os.replace(temporary, path)
+    write_atomically(os.path.join(run_dir, CONFIG), write)
+
+
+# Files that survive a kill -------------------------------------------------------
+
+
+def write_atomically(path, write):
+    """Calls `write(temporary)` and moves the file or directory it wrote to `path`:
+    fsynced, then renamed, so that `path` is whole or absent whatever happens.
+
+    The temporary name is `path`'s with `.tmp-<pid>` before its suffix
+    (`ckpt-00000010.tmp-123.weights.h5`), so that Keras accepts it and
+    `remove_temporaries` recognizes it. A directory replaces nothing: `path`
+    must not exist.
+    """
+    directory, name = os.path.split(os.path.abspath(path))
+    suffix = next((s for s in _SUFFIXES if name.endswith(s)), "")
+    temporary = os.path.join(directory, f"{name[:len(name) - len(suffix)]}.tmp-{os.getpid()}"
+                                        f"{suffix}")
+    try:
+        write(temporary)
+        _fsync_tree(temporary)
+        os.replace(temporary, path)
+        _fsync(directory)
+    finally:
+        if os.path.isdir(temporary):
+            shutil.rmtree(temporary, ignore_errors=True)
+        elif os.path.exists(temporary):
+            os.remove(temporary)
+
+
+def remove_temporaries(run_dir):
+    """Removes what killed writers left (`*.tmp-<pid>*`) from a run directory and
+    its checkpoints; call it holding the run's lock. Returns the names removed."""
+    removed = []
+    for directory in (run_dir, os.path.join(run_dir, CHECKPOINTS)):
+        if not os.path.isdir(directory):
+            continue
+        for name in sorted(os.listdir(directory)):
+            path = os.path.join(directory, name)
+            if not TEMPORARY.search(name):
+                continue
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+            removed.append(os.path.relpath(path, run_dir))
+    return removed
+
+
+def _fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path):
+    if os.path.isdir(path):
+        for name in os.listdir(path):
+            _fsync_tree(os.path.join(path, name))
+    _fsync(path)
+
+
+class RunLockedError(ValueError):
+    """Another live trainer holds the run directory."""
+
+
+class RunLock:
+    """One writer per run directory: an exclusive `flock` on `RUN/.lock`, held
+    until `release` or the end of the process (the system drops it however the
+    process ends). The file names the holder's host, pid and start time.
+
+    `acquire` raises `RunLockedError`, naming the holder, while another process
+    holds it; a lock file that a process left without holding it any more (it
+    was killed) is taken over, with a notice on stderr.
+    """
+
+    def __init__(self, run_dir):
+        self.path = os.path.join(run_dir, LOCK)
+        self._fd = None
+
+    def acquire(self):
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_text(fd) or "another process"
+            os.close(fd)
+            raise RunLockedError(
+                f"{os.path.dirname(self.path)} is in use by {holder}; wait for that trainer "
+                "to end, or pass another --out") from None
+        previous = _read_text(fd)
+        if previous:
+            print(f"Taking over {self.path} from {previous}, which is no longer running.",
+                  file=sys.stderr, flush=True)
+        os.ftruncate(fd, 0)
+        since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}".encode(), 0)
+        os.fsync(fd)
+        self._fd = fd
+        return self
+
+    def release(self):
+        """Empties the lock file (a clean end) and drops the lock."""
+        if self._fd is None:
+            return
+        os.ftruncate(self._fd, 0)
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+
+def lock_for_writing(run_dir):
+    """Takes `run_dir`'s `RunLock` until the process ends (unless this process
+    holds it already) and removes what killed writers left there; returns the lock."""
+    key = os.path.realpath(run_dir)
+    if key in _HELD:
+        return _HELD[key]
+    lock = _HELD[key] = RunLock(run_dir).acquire()
+    atexit.register(lock.release)
+    removed = remove_temporaries(run_dir)
+    if removed:
+        print(f"Removed what an interrupted writer left in {run_dir}: {', '.join(removed)}.",
+              file=sys.stderr, flush=True)
+    return lock
+
+
+_HELD = {}  # realpath -> the RunLock this process holds until it ends
+
+
+def _read_text(fd):
+    return os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
 
 
 def resolve_configs(run_dir, fields, explicit, model_overrides=None, model_config_file=None,
@@ -147,7 +324,9 @@ def resolve_configs(run_dir, fields, explicit, model_overrides=None, model_confi
 
 
 def check_same_model(run_dir, saved, model_config):
-    """Refuses to resume `run_dir` with a model of another shape."""
+    """Refuses to resume `run_dir` with a model of another shape or with another
+    vocabulary than its config.json recorded."""
+    check_same_vocabulary(run_dir, saved)
     if saved is None or saved["model"] == model_config.to_dict():
         return
     differ = {name: value for name, value in model_config.to_dict().items()

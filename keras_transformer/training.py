@@ -153,9 +153,9 @@ class StepCheckpoint(keras.callbacks.Callback):
     """Saves model and optimizer state every epoch, keeping the last `keep`.
 
     `train.py` makes an epoch `checkpoint_every` steps long, so this is a
-    checkpoint every N steps, named by the optimizer step. A checkpoint is first
-    written to a temporary file and then renamed, so a run killed at any moment
-    leaves only whole checkpoints; a non-finite loss is never checkpointed, so
+    checkpoint every N steps, named by the optimizer step. Its files are written
+    with `runs.write_atomically`, so a run killed at any moment leaves only
+    whole checkpoints; a non-finite loss is never checkpointed, so
     the last checkpoint of a diverged run is a good one. On multi-worker runs
     only the chief writes.
 
@@ -179,10 +179,9 @@ class StepCheckpoint(keras.callbacks.Callback):
         step = int(self.model.optimizer.iterations.numpy())
         path = checkpoint_path(self.directory, step)
         # Dropout's random state first: a checkpoint is whole once its weights exist.
-        np.save(_rng_path(path), np.stack([v.numpy() for v in _rng_states(self.model)]))
-        temporary = path + ".tmp.weights.h5"
-        self.model.save_weights(temporary)
-        os.replace(temporary, path)
+        states = np.stack([v.numpy() for v in _rng_states(self.model)])
+        runs.write_atomically(_rng_path(path), lambda temporary: np.save(temporary, states))
+        runs.write_atomically(path, self.model.save_weights)
         for _, old in list_checkpoints(self.directory)[: -self.keep]:
             os.remove(old)
             if os.path.exists(_rng_path(old)):
@@ -199,25 +198,41 @@ def _rng_states(model):
 
 
 def restore_latest_checkpoint(model, directory):
-    """Loads the newest checkpoint (weights, optimizer state and dropout's random
-    state) into a compiled model; returns its step, or 0 when there is none."""
-    checkpoints = list_checkpoints(directory)
-    if not checkpoints:
-        return 0
-    step, path = checkpoints[-1]
+    """Loads the newest readable checkpoint (weights, optimizer state and dropout's
+    random state) into a compiled model; returns its step, or 0 when there is none.
+
+    A checkpoint that cannot be read (truncated by a full disk or a power loss)
+    is reported on stderr, renamed to `<name>.unreadable` and skipped for the
+    one before it.
+    """
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
-    model.load_weights(path)
-    if os.path.exists(_rng_path(path)):
-        for variable, value in zip(_rng_states(model), np.load(_rng_path(path))):
-            variable.assign(value)
-    if int(model.optimizer.iterations.numpy()) != step:
-        raise ValueError(
-            f"Checkpoint {path} holds optimizer step "
-            f"{int(model.optimizer.iterations.numpy())}, not {step}; remove the file to resume "
-            "from the previous checkpoint"
-        )
-    return step
+    checkpoints = list_checkpoints(directory)
+    for step, path in reversed(checkpoints):
+        try:
+            model.load_weights(path)
+            if os.path.exists(_rng_path(path)):
+                for variable, value in zip(_rng_states(model), np.load(_rng_path(path))):
+                    variable.assign(value)
+        except Exception as error:  # h5py, Keras and NumPy each raise their own
+            print(f"Checkpoint {path} cannot be read ({type(error).__name__}: "
+                  f"{str(error).splitlines()[0] if str(error) else ''}); renamed it to "
+                  f"{os.path.basename(path)}.unreadable and going back to the one before.",
+                  file=sys.stderr, flush=True)
+            os.replace(path, path + ".unreadable")
+            continue
+        if int(model.optimizer.iterations.numpy()) != step:
+            raise ValueError(
+                f"Checkpoint {path} holds optimizer step "
+                f"{int(model.optimizer.iterations.numpy())}, not {step}; remove the file to "
+                "resume from the previous checkpoint"
+            )
+        return step
+    if checkpoints:
+        # Partly loaded: neither the model nor the optimizer is in a known state.
+        raise ValueError(f"no checkpoint in {directory} can be read; remove the directory "
+                         "to start the run over")
+    return 0
 
 
 def average_checkpoints(model, paths):
@@ -249,7 +264,7 @@ def save_average(model, paths, path):
     average_checkpoints(model, paths)
     averaged = build_transformer(model.config)
     averaged.set_weights(model.get_weights())
-    averaged.save_weights(path)
+    runs.write_atomically(path, averaged.save_weights)
     return averaged
 
 

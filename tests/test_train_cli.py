@@ -5,6 +5,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -206,6 +207,65 @@ def test_killed_run_resumes_like_an_uninterrupted_one(tmp_path):
         np.testing.assert_allclose(a, b, atol=1e-5)
     for a, b in zip(actual.optimizer.variables, expected.optimizer.variables):
         np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5)
+
+
+# train.py, killed (as by a power cut) once checkpoint 4 is written to its temporary
+# name and before the rename that makes it a checkpoint.
+_KILLED_INSIDE_A_WRITE = """
+import os, runpy, sys
+from keras_transformer import runs
+fsync_tree = runs._fsync_tree
+def fsync_or_die(path):
+    fsync_tree(path)
+    if os.path.basename(path).startswith("ckpt-00000004.tmp-"):
+        os._exit(9)
+runs._fsync_tree = fsync_or_die
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path(os.path.join(os.environ["ROOT"], "train.py"), run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_killed_writes_truncated_checkpoints_and_a_second_trainer(tmp_path):
+    run = str(tmp_path / "run")
+    checkpoints = os.path.join(run, "checkpoints")
+    env = dict(os.environ, PYTHONPATH=ROOT, ROOT=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    killed = subprocess.run([sys.executable, "-c", _KILLED_INSIDE_A_WRITE, *QUICK, "--out", run],
+                            env=env, capture_output=True, text=True, timeout=900)
+    assert killed.returncode == 9, killed.stderr
+    left = sorted(os.listdir(checkpoints))
+    assert "ckpt-00000004.weights.h5" not in left and any(".tmp-" in name for name in left)
+
+    resumed = _train([*QUICK, "--out", run])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Removed what an interrupted writer left" in resumed.stderr
+    assert f"Taking over {os.path.join(run, '.lock')}" in resumed.stderr
+    assert "Resuming" in resumed.stdout and "at step 2." in resumed.stdout
+    assert not [name for name in os.listdir(checkpoints) if ".tmp-" in name]
+
+    newest = os.path.join(checkpoints, "ckpt-00000006.weights.h5")
+    with open(newest, "r+b") as f:
+        f.truncate(os.path.getsize(newest) // 3)
+    longer = _train([*QUICK, "--steps", "8", "--out", run])
+    assert longer.returncode == 0, longer.stderr
+    assert "ckpt-00000006.weights.h5 cannot be read" in longer.stderr
+    assert "at step 4." in longer.stdout and "Trained 8 steps" in longer.stdout
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from keras_transformer import runs; "
+         "runs.RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)", run],
+        env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        second = _train([*QUICK, "--steps", "10", "--out", run])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert second.returncode == 2
+    assert second.stderr.strip().splitlines() == [
+        f"train.py: {run} is in use by pid {holder.pid} on {socket.gethostname()} since "
+        + second.stderr.split(" since ", 1)[1].strip()]
+    assert "wait for that trainer to end, or pass another --out" in second.stderr
 
 
 @pytest.mark.slow

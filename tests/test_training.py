@@ -101,3 +101,27 @@ def test_training_clock_stops_at_the_epoch_end_past_the_budget():
     now[0] = 110.0
     clock.on_epoch_end(1, {})
     assert clock.model.stop_training
+
+
+def test_an_unreadable_newest_checkpoint_is_skipped(tmp_path, capsys):
+    model = _compiled_model()
+    callback = training.StepCheckpoint(str(tmp_path), keep=3)
+    callback.set_model(model)
+    for step in (10, 20):
+        model.optimizer.iterations.assign(step)
+        callback.on_epoch_end(0, {"loss": 1.0})
+    newest = training.checkpoint_path(str(tmp_path), 20)
+    with open(newest, "r+b") as f:  # a disk that filled up half-way through
+        f.truncate(os.path.getsize(newest) // 2)
+
+    restored = _compiled_model()
+    assert training.restore_latest_checkpoint(restored, str(tmp_path)) == 10
+    assert int(restored.optimizer.iterations.numpy()) == 10
+    assert "cannot be read" in capsys.readouterr().err
+    assert os.path.exists(newest + ".unreadable")
+    assert [step for step, _ in training.list_checkpoints(str(tmp_path))] == [10]
+
+    with open(training.checkpoint_path(str(tmp_path), 10), "wb") as f:
+        f.write(b"not a checkpoint")
+    with pytest.raises(ValueError, match="no checkpoint in .* can be read"):
+        training.restore_latest_checkpoint(_compiled_model(), str(tmp_path))
