@@ -87,6 +87,7 @@ def run(args, fields, model_overrides, explicit):
     from keras_transformer import budget
     from keras_transformer import data
     from keras_transformer import distributed
+    from keras_transformer import durable
     from keras_transformer import evaluation
     from keras_transformer import runs
     from keras_transformer import training
@@ -110,7 +111,7 @@ def run(args, fields, model_overrides, explicit):
     train_pairs = data.load_parallel(source, splits["train"], **languages)
     dev_pairs = data.load_parallel(source, splits["dev"], **languages)
     if chief:  # one trainer per run directory, once the flags and data are checked
-        runs.lock_for_writing(args.out)
+        durable.lock_for_writing(args.out)
     tokenizer = runs.load_vocabulary(  # the other workers wait for the chief's
         args.out, train_pairs, config, chief, lambda: distributed.same_on_all_workers(strategy, 0))
 
@@ -125,7 +126,7 @@ def run(args, fields, model_overrides, explicit):
         schedule = training.compile_for_training(
             model, model_config.label_smoothing, config.warmup_steps, config.learning_rate_scale,
             config.jit_compile)
-        step = training.restore_latest_checkpoint(model, checkpoint_dir)
+        step = training.restore_latest_checkpoint(model, checkpoint_dir, config.init_from)
     distributed.require_same_on_all_workers(
         strategy, step, f"the checkpoints in {checkpoint_dir}: this worker resumes at {step}")
     if step:
@@ -180,7 +181,7 @@ def run(args, fields, model_overrides, explicit):
         runs.write_config(args.out, model_config, dataclasses.replace(config, steps=step))
 
     # === Average the last checkpoints (Sec. 6.1) and save ===
-    runs.write_atomically(os.path.join(args.out, runs.FINAL_MODEL), model.save)
+    durable.write_atomically(os.path.join(args.out, runs.FINAL_MODEL), model.save)
     last = [path for _, path in training.list_checkpoints(checkpoint_dir)][-config.average_last:]
     averaged_path = os.path.join(args.out, runs.AVERAGED_WEIGHTS)
     averaged = training.save_average(model, last, averaged_path)

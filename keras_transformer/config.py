@@ -236,6 +236,10 @@ class TrainingConfig:
         model: a `TransformerConfig` preset name (cpu-small, cpu-medium,
             cpu-large, base, big, Table 3 rows, tiny), or "auto": the CPU preset
             for `time_budget` (see `model_preset`), cpu-small without one.
+        init_from: a run directory, or a `.weights.h5` file of one (averaged
+            weights or a checkpoint), whose weights, vocabulary and model a new
+            run starts from, with a fresh optimizer and schedule (fine-tuning,
+            e.g. on new data); "" for random weights.
         vocab_size: size of the shared subword vocabulary (paper: 37000).
         vocab_sentences: at most this many sentences train the vocabulary.
         steps: optimizer steps in all (paper: 100K base, 300K big); any
@@ -277,6 +281,7 @@ class TrainingConfig:
     source_language: str | None = None
     target_language: str | None = None
     model: str = AUTO_MODEL
+    init_from: str = ""
     vocab_size: int = 8000
     vocab_sentences: int = 200_000
     steps: int = 1000

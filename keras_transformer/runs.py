@@ -11,33 +11,25 @@ Here are the file names, loading a run (`load_run`), writing its config whole or
 not at all (`write_config`), and what a run started again with the same
 directory may change (`resolve_configs`: only how long it trains).
 
-Runs last days, so their files are written to survive a kill at any moment:
-each to a temporary name that carries the writer's pid, fsynced, then renamed
-(`write_atomically`), and `RunLock` keeps a second trainer out of a directory
-that one is writing (`RUN/.lock` names the holder).
+Runs last days, so every file of one is written to survive a kill at any
+moment, and one trainer at a time writes a run (`durable.py`).
 """
 
-import atexit
 import dataclasses
-import datetime
-import fcntl
 import hashlib
 import json
 import os
-import re
 import shutil
-import socket
-import sys
 
 import keras
 
 from keras_transformer.config import TrainingConfig
 from keras_transformer.config import TransformerConfig
+from keras_transformer.durable import write_atomically
 from keras_transformer.data import SubwordTokenizer
 from keras_transformer.model import build_transformer
 
 CONFIG = "config.json"
-LOCK = ".lock"
 VOCAB = "vocab"
 CHECKPOINTS = "checkpoints"
 TENSORBOARD_LOGS = "logs"
@@ -45,10 +37,6 @@ CSV_LOG = "log.csv"
 AVERAGED_WEIGHTS = "averaged.weights.h5"
 FINAL_MODEL = "model.keras"
 WEIGHTS = {"averaged": AVERAGED_WEIGHTS, "final": FINAL_MODEL}
-# A file's or directory's temporary name while it is written: NAME.tmp-PID[.SUFFIX].
-TEMPORARY = re.compile(r"\.tmp-(\d+)(?:\.|$)")
-# Suffixes that a writer needs on the temporary name too (Keras checks them).
-_SUFFIXES = (".weights.h5", ".keras", ".json", ".npy", ".csv")
 # What a resumed run may change: how long it trains.
 RESUMABLE_CHANGES = ("steps", "time_budget", "time_budget_clock")
 
@@ -103,7 +91,12 @@ def load_vocabulary(run_dir, pairs, config, chief=True, wait=lambda: None):
     `pairs` (with `config`'s vocab_size, vocab_sentences and seed) when the run
     has none; `wait()` then holds every worker until it exists."""
     vocab_dir = os.path.join(run_dir, VOCAB)
-    if chief and not os.path.exists(vocab_dir):
+    source_vocab = None
+    if config.init_from:
+        source_vocab = os.path.join(init_source(config.init_from)[0], VOCAB)
+    if chief and not os.path.exists(vocab_dir) and source_vocab:
+        write_atomically(vocab_dir, lambda temporary: shutil.copytree(source_vocab, temporary))
+    elif chief and not os.path.exists(vocab_dir):
         print(f"Training a {config.vocab_size}-token shared vocabulary...", flush=True)
         tokenizer = SubwordTokenizer.train(pairs, vocab_size=config.vocab_size,
                                            max_sentences=config.vocab_sentences, seed=config.seed)
@@ -112,7 +105,54 @@ def load_vocabulary(run_dir, pairs, config, chief=True, wait=lambda: None):
     if not os.path.exists(vocab_dir):
         raise ValueError(f"{vocab_dir} is missing on this worker: on a multi-worker run, "
                          "the run directory must be one that every worker shares")
+    if source_vocab and vocabulary_digest(vocab_dir) != vocabulary_digest(source_vocab):
+        raise ValueError(f"{vocab_dir} is not the vocabulary of --init-from {config.init_from} "
+                         f"({source_vocab}); a run starts from weights trained with its own "
+                         "vocabulary: pass a new --out")
     return SubwordTokenizer.load(vocab_dir)
+
+
+def init_source(init_from):
+    """`(run_dir, weights_path)` of `--init-from`: a run directory (its averaged
+    weights, else its final model) or a `.weights.h5` file in one (its averaged
+    weights or a checkpoint)."""
+    path = os.path.normpath(init_from)
+    if os.path.isdir(path):
+        run_dir = path
+        weights = os.path.join(path, AVERAGED_WEIGHTS)
+        if not os.path.exists(weights):
+            weights = os.path.join(path, FINAL_MODEL)
+    elif path.endswith(".weights.h5") and os.path.isfile(path):
+        run_dir = os.path.dirname(path)
+        if os.path.basename(run_dir) == CHECKPOINTS:
+            run_dir = os.path.dirname(run_dir)
+        weights = path
+    else:
+        raise ValueError(f"--init-from {init_from}: not a run directory nor a .weights.h5 file "
+                         "of one")
+    if read_config(run_dir) is None or not os.path.isdir(os.path.join(run_dir, VOCAB)):
+        raise ValueError(f"--init-from {init_from}: {run_dir} is not a run directory written "
+                         f"by train.py (it needs {CONFIG} and {VOCAB}/)")
+    if not os.path.exists(weights):
+        raise ValueError(f"--init-from {init_from}: {run_dir} has no trained weights yet "
+                         f"({AVERAGED_WEIGHTS} or {FINAL_MODEL}); name one of its checkpoints")
+    return run_dir, weights
+
+
+def load_initial_weights(model, init_from):
+    """Sets `model`'s weights (not its optimizer's) to those of `--init-from`."""
+    _, path = init_source(init_from)
+    if path.endswith(".keras"):
+        source = keras.saving.load_model(path, compile=False)
+    else:
+        source = build_transformer(model.config)
+        try:
+            source.load_weights(path)
+        except ValueError as error:
+            raise ValueError(f"--init-from {init_from}: {path} does not fit this model "
+                             f"({str(error).splitlines()[0]})") from None
+    model.set_weights(source.get_weights())
+    return path
 
 
 def vocabulary_digest(vocab_dir):
@@ -163,137 +203,6 @@ def write_config(run_dir, model_config, training_config):
     write_atomically(os.path.join(run_dir, CONFIG), write)
 
 
-# Files that survive a kill -------------------------------------------------------
-
-
-def write_atomically(path, write):
-    """Calls `write(temporary)` and moves the file or directory it wrote to `path`:
-    fsynced, then renamed, so that `path` is whole or absent whatever happens.
-
-    The temporary name is `path`'s with `.tmp-<pid>` before its suffix
-    (`ckpt-00000010.tmp-123.weights.h5`), so that Keras accepts it and
-    `remove_temporaries` recognizes it. A directory replaces nothing: `path`
-    must not exist.
-    """
-    directory, name = os.path.split(os.path.abspath(path))
-    suffix = next((s for s in _SUFFIXES if name.endswith(s)), "")
-    temporary = os.path.join(directory, f"{name[:len(name) - len(suffix)]}.tmp-{os.getpid()}"
-                                        f"{suffix}")
-    try:
-        write(temporary)
-        _fsync_tree(temporary)
-        os.replace(temporary, path)
-        _fsync(directory)
-    finally:
-        if os.path.isdir(temporary):
-            shutil.rmtree(temporary, ignore_errors=True)
-        elif os.path.exists(temporary):
-            os.remove(temporary)
-
-
-def remove_temporaries(run_dir):
-    """Removes what killed writers left (`*.tmp-<pid>*`) from a run directory and
-    its checkpoints; call it holding the run's lock. Returns the names removed."""
-    removed = []
-    for directory in (run_dir, os.path.join(run_dir, CHECKPOINTS)):
-        if not os.path.isdir(directory):
-            continue
-        for name in sorted(os.listdir(directory)):
-            path = os.path.join(directory, name)
-            if not TEMPORARY.search(name):
-                continue
-            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-            removed.append(os.path.relpath(path, run_dir))
-    return removed
-
-
-def _fsync(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(path):
-    if os.path.isdir(path):
-        for name in os.listdir(path):
-            _fsync_tree(os.path.join(path, name))
-    _fsync(path)
-
-
-class RunLockedError(ValueError):
-    """Another live trainer holds the run directory."""
-
-
-class RunLock:
-    """One writer per run directory: an exclusive `flock` on `RUN/.lock`, held
-    until `release` or the end of the process (the system drops it however the
-    process ends). The file names the holder's host, pid and start time.
-
-    `acquire` raises `RunLockedError`, naming the holder, while another process
-    holds it; a lock file that a process left without holding it any more (it
-    was killed) is taken over, with a notice on stderr.
-    """
-
-    def __init__(self, run_dir):
-        self.path = os.path.join(run_dir, LOCK)
-        self._fd = None
-
-    def acquire(self):
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_text(fd) or "another process"
-            os.close(fd)
-            raise RunLockedError(
-                f"{os.path.dirname(self.path)} is in use by {holder}; wait for that trainer "
-                "to end, or pass another --out") from None
-        previous = _read_text(fd)
-        if previous:
-            print(f"Taking over {self.path} from {previous}, which is no longer running.",
-                  file=sys.stderr, flush=True)
-        os.ftruncate(fd, 0)
-        since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}".encode(), 0)
-        os.fsync(fd)
-        self._fd = fd
-        return self
-
-    def release(self):
-        """Empties the lock file (a clean end) and drops the lock."""
-        if self._fd is None:
-            return
-        os.ftruncate(self._fd, 0)
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-        os.close(self._fd)
-        self._fd = None
-
-
-def lock_for_writing(run_dir):
-    """Takes `run_dir`'s `RunLock` until the process ends (unless this process
-    holds it already) and removes what killed writers left there; returns the lock."""
-    key = os.path.realpath(run_dir)
-    if key in _HELD:
-        return _HELD[key]
-    lock = _HELD[key] = RunLock(run_dir).acquire()
-    atexit.register(lock.release)
-    removed = remove_temporaries(run_dir)
-    if removed:
-        print(f"Removed what an interrupted writer left in {run_dir}: {', '.join(removed)}.",
-              file=sys.stderr, flush=True)
-    return lock
-
-
-_HELD = {}  # realpath -> the RunLock this process holds until it ends
-
-
-def _read_text(fd):
-    return os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
-
-
 def resolve_configs(run_dir, fields, explicit, model_overrides=None, model_config_file=None,
                     cores=None):
     """The configs of a run: from flags for a new `run_dir`, from its config.json
@@ -318,6 +227,8 @@ def resolve_configs(run_dir, fields, explicit, model_overrides=None, model_confi
     """
     saved = read_config(run_dir)
     config = _training_config(run_dir, fields, explicit, saved)
+    if config.init_from and saved is None:
+        init_source(config.init_from)  # refused before any work
     model_config = _model_config(config, model_overrides or {}, model_config_file, saved,
                                  "model" in explicit, cores)
     return config, model_config, saved
@@ -356,6 +267,12 @@ def _model_config(config, overrides, model_config_file, saved, model_named, core
     (other shape flags are refused by `check_same_model`)."""
     derived = dict(vocab_size=config.vocab_size,
                    max_positions=max(config.max_sentence_tokens, 256))
+    if config.init_from and saved is None:
+        if model_named or model_config_file is not None:
+            raise ValueError("--init-from takes the model of the run it starts from; drop "
+                             "--model and --model-config")
+        initial = read_config(init_source(config.init_from)[0])["model"]
+        return TransformerConfig.from_dict(dict(initial, **overrides))
     if model_config_file is not None:
         if model_named:
             raise ValueError("--model-config and --model both name a model; give one")

@@ -17,6 +17,7 @@ from keras_transformer import runs
 from keras_transformer.budget import ProgressLine
 from keras_transformer.config import PRECISIONS
 from keras_transformer.distributed import is_chief
+from keras_transformer.durable import write_atomically
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import Perplexity
 from keras_transformer.metrics import TokenAccuracy
@@ -154,7 +155,7 @@ class StepCheckpoint(keras.callbacks.Callback):
 
     `train.py` makes an epoch `checkpoint_every` steps long, so this is a
     checkpoint every N steps, named by the optimizer step. Its files are written
-    with `runs.write_atomically`, so a run killed at any moment leaves only
+    with `durable.write_atomically`, so a run killed at any moment leaves only
     whole checkpoints; a non-finite loss is never checkpointed, so
     the last checkpoint of a diverged run is a good one. On multi-worker runs
     only the chief writes.
@@ -180,8 +181,8 @@ class StepCheckpoint(keras.callbacks.Callback):
         path = checkpoint_path(self.directory, step)
         # Dropout's random state first: a checkpoint is whole once its weights exist.
         states = np.stack([v.numpy() for v in _rng_states(self.model)])
-        runs.write_atomically(_rng_path(path), lambda temporary: np.save(temporary, states))
-        runs.write_atomically(path, self.model.save_weights)
+        write_atomically(_rng_path(path), lambda temporary: np.save(temporary, states))
+        write_atomically(path, self.model.save_weights)
         for _, old in list_checkpoints(self.directory)[: -self.keep]:
             os.remove(old)
             if os.path.exists(_rng_path(old)):
@@ -197,9 +198,11 @@ def _rng_states(model):
     return [v for v in model.variables if v.path.endswith("seed_generator_state")]
 
 
-def restore_latest_checkpoint(model, directory):
+def restore_latest_checkpoint(model, directory, init_from=""):
     """Loads the newest readable checkpoint (weights, optimizer state and dropout's
     random state) into a compiled model; returns its step, or 0 when there is none.
+    With none, a run with `init_from` (`TrainingConfig.init_from`) starts from
+    those weights, with a fresh optimizer.
 
     A checkpoint that cannot be read (truncated by a full disk or a power loss)
     is reported on stderr, renamed to `<name>.unreadable` and skipped for the
@@ -232,6 +235,9 @@ def restore_latest_checkpoint(model, directory):
         # Partly loaded: neither the model nor the optimizer is in a known state.
         raise ValueError(f"no checkpoint in {directory} can be read; remove the directory "
                          "to start the run over")
+    if init_from:
+        path = runs.load_initial_weights(model, init_from)
+        print(f"Starting from the weights of {path}, with a fresh optimizer.", flush=True)
     return 0
 
 
@@ -264,7 +270,7 @@ def save_average(model, paths, path):
     average_checkpoints(model, paths)
     averaged = build_transformer(model.config)
     averaged.set_weights(model.get_weights())
-    runs.write_atomically(path, averaged.save_weights)
+    write_atomically(path, averaged.save_weights)
     return averaged
 
 

@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -62,82 +60,6 @@ def test_a_resumed_run_may_change_only_how_long_it_trains(tmp_path, model):
     wider = runs.resolve_configs(run, fields, set(), {"d_model": 128})[1]
     with pytest.raises(ValueError, match=r"another shape \({'d_model': 128}"):
         runs.check_same_model(run, saved, wider)
-
-
-def test_a_file_is_whole_or_absent_and_temporaries_carry_the_pid(tmp_path):
-    path = str(tmp_path / "model.weights.h5")
-    seen = []
-
-    def crash(temporary):
-        seen.append(os.path.basename(temporary))
-        with open(temporary, "w") as f:
-            f.write("half")
-        raise OSError("disk full")
-
-    with pytest.raises(OSError, match="disk full"):
-        runs.write_atomically(path, crash)
-    assert seen == [f"model.tmp-{os.getpid()}.weights.h5"]  # Keras's suffix kept
-    assert os.listdir(tmp_path) == []
-
-    runs.write_atomically(path, lambda temporary: open(temporary, "w").write("whole"))
-    assert open(path).read() == "whole" and os.listdir(tmp_path) == ["model.weights.h5"]
-
-    def directory(temporary):
-        os.makedirs(temporary)
-        open(os.path.join(temporary, "file"), "w").write("x")
-
-    runs.write_atomically(str(tmp_path / "vocab"), directory)
-    assert os.listdir(tmp_path / "vocab") == ["file"]
-
-
-def test_what_killed_writers_left_is_removed(tmp_path):
-    run = tmp_path / "run"
-    (run / runs.CHECKPOINTS).mkdir(parents=True)
-    left = [run / "config.tmp-12.json", run / runs.CHECKPOINTS / "ckpt-00000004.tmp-12.weights.h5",
-            run / "config.json.tmp-7"]
-    for path in left:
-        path.write_text("partial")
-    (run / "vocab.tmp-12").mkdir()
-    kept = [run / runs.CONFIG, run / runs.CHECKPOINTS / "ckpt-00000002.weights.h5"]
-    for path in kept:
-        path.write_text("whole")
-    removed = runs.remove_temporaries(str(run))
-    assert sorted(removed) == sorted(["config.tmp-12.json", "config.json.tmp-7", "vocab.tmp-12",
-                                      os.path.join(runs.CHECKPOINTS,
-                                                   "ckpt-00000004.tmp-12.weights.h5")])
-    assert all(path.exists() for path in kept) and not any(path.exists() for path in left)
-
-
-_HOLD_LOCK = """
-import sys, time
-from keras_transformer import runs
-runs.RunLock(sys.argv[1]).acquire()
-print("held", flush=True)
-time.sleep(60)
-"""
-
-
-def test_one_trainer_per_run_directory(tmp_path, capsys):
-    run = str(tmp_path / "run")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, run], stdout=subprocess.PIPE,
-                              text=True, env=dict(os.environ, PYTHONPATH=root))
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(runs.RunLockedError,
-                           match=f"run is in use by pid {holder.pid} on .* since .*; wait for"):
-            runs.RunLock(run).acquire()
-    finally:
-        holder.kill()
-        holder.wait()
-    # Killed while holding it: the system dropped the lock, the file still names it.
-    lock = runs.RunLock(run).acquire()
-    assert f"from pid {holder.pid} on" in capsys.readouterr().err
-    assert f"pid {os.getpid()} on" in open(os.path.join(run, runs.LOCK)).read()
-    lock.release()
-    assert open(os.path.join(run, runs.LOCK)).read() == ""  # a clean end: no notice next time
-    runs.RunLock(run).acquire().release()
-    assert capsys.readouterr().err == ""
 
 
 def test_a_swapped_vocabulary_is_refused_on_resume(tmp_path, model, tokenizer):

@@ -1,9 +1,11 @@
 """train.py as a user runs it: errors, and a run killed and resumed."""
 
 import csv
+import glob
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,8 +15,9 @@ import time
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
-import keras_transformer  # noqa: F401  (registers the classes model.keras holds)
+import keras_transformer as kt  # also registers the classes model.keras holds
 import train
 from keras_transformer import budget
 from keras_transformer import runs
@@ -57,6 +60,7 @@ def _train(args, wait=True, capture=False, **environment):
         (["--model-config", "nowhere.json"], "--model-config nowhere.json"),
         (["--model", "tiny", "--model-config", "nowhere.json"], "give one"),
         (["--time-budget", "5", "--strategy", "multi_worker"], "give --steps instead"),
+        (["--init-from", "nowhere"], "--init-from nowhere: not a run directory"),
     ],
 )
 def test_bad_flags_and_paths_give_one_line(args, message, tmp_path, capsys):
@@ -213,13 +217,13 @@ def test_killed_run_resumes_like_an_uninterrupted_one(tmp_path):
 # name and before the rename that makes it a checkpoint.
 _KILLED_INSIDE_A_WRITE = """
 import os, runpy, sys
-from keras_transformer import runs
-fsync_tree = runs._fsync_tree
+from keras_transformer import durable
+fsync_tree = durable._fsync_tree
 def fsync_or_die(path):
     fsync_tree(path)
     if os.path.basename(path).startswith("ckpt-00000004.tmp-"):
         os._exit(9)
-runs._fsync_tree = fsync_or_die
+durable._fsync_tree = fsync_or_die
 sys.argv = ["train.py", *sys.argv[1:]]
 runpy.run_path(os.path.join(os.environ["ROOT"], "train.py"), run_name="__main__")
 """
@@ -252,8 +256,8 @@ def test_killed_writes_truncated_checkpoints_and_a_second_trainer(tmp_path):
     assert "at step 4." in longer.stdout and "Trained 8 steps" in longer.stdout
 
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from keras_transformer import runs; "
-         "runs.RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)", run],
+        [sys.executable, "-c", "import sys, time; from keras_transformer import durable; "
+         "durable.RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)", run],
         env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -266,6 +270,118 @@ def test_killed_writes_truncated_checkpoints_and_a_second_trainer(tmp_path):
         f"train.py: {run} is in use by pid {holder.pid} on {socket.gethostname()} since "
         + second.stderr.split(" since ", 1)[1].strip()]
     assert "wait for that trainer to end, or pass another --out" in second.stderr
+
+
+@pytest.mark.slow
+def test_a_new_run_starts_from_a_trained_one(tmp_path):
+    trained, tuned = str(tmp_path / "trained"), str(tmp_path / "tuned")
+    assert _train([*QUICK, "--out", trained]).returncode == 0
+    without_model = QUICK[2:]  # QUICK less "--model tiny": the trained run's model
+    assert QUICK[:2] == ["--model", "tiny"]
+    result = _train([*without_model, "--steps", "2", "--init-from", trained,
+                     "--dropout-rate", "0.2", "--out", tuned])
+    assert result.returncode == 0, result.stderr
+    averaged = os.path.join(trained, "averaged.weights.h5")
+    assert f"Starting from the weights of {averaged}, with a fresh optimizer." in result.stdout
+    assert "Training a" not in result.stdout  # the vocabulary is the trained run's
+    with open(os.path.join(trained, "config.json")) as f:
+        before = json.load(f)
+    with open(os.path.join(tuned, "config.json")) as f:
+        after = json.load(f)
+    assert after["vocab_sha256"] == before["vocab_sha256"]
+    assert after["model"] == dict(before["model"], dropout_rate=0.2)
+    assert after["training"]["init_from"] == trained
+
+    # Another vocabulary in the new run: refused, before any step.
+    other = str(tmp_path / "other")
+    shutil.copytree(os.path.join(tuned, "vocab"), os.path.join(other, "vocab"))
+    with open(os.path.join(other, "vocab", "subword.vocab"), "a") as f:
+        f.write("extra\t0\n")
+    refused = _train([*without_model, "--init-from", trained, "--out", other])
+    assert refused.returncode == 2
+    assert "is not the vocabulary of --init-from" in refused.stderr
+    with_model = _train([*QUICK, "--init-from", trained, "--out", str(tmp_path / "x")])
+    assert with_model.returncode == 2 and "drop --model" in with_model.stderr
+
+
+# QUICK at a learning rate that lets the loss fall in a dozen steps.
+STEADY = [*QUICK, "--steps", "12", "--checkpoint-every", "4", "--learning-rate-scale", "0.2"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("jit", [False, True], ids=["graph", "xla"])
+@pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
+def test_every_precision_trains_end_to_end(precision, jit, tmp_path):
+    run = str(tmp_path / "run")
+    result = _train([*STEADY, "--precision", precision, *(["--jit-compile"] * jit),
+                     "--out", run])
+    assert result.returncode == 0, result.stderr
+    with open(os.path.join(run, "log.csv")) as f:
+        losses = [float(row["loss"]) for row in csv.DictReader(f)]
+    assert len(losses) == 3 and all(map(np.isfinite, losses))
+    assert losses[-1] < losses[0] - 0.3, losses
+    model = keras.saving.load_model(os.path.join(run, "model.keras"), compile=False)
+    assert {layer.dtype_policy.name for layer in model.decoder_layers} == {precision}
+
+
+# train.py whose weights turn to NaN once checkpoint 4 is written (after the
+# checkpoint callback, before the next step).
+_POISONED_AFTER_STEP_4 = """
+import os, runpy, sys
+import keras, numpy as np
+from keras_transformer import training
+class Poison(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == 4:
+            weight = self.model.trainable_weights[0]
+            weight.assign(np.full(weight.shape, np.nan, weight.dtype))
+run_callbacks = training.run_callbacks
+training.run_callbacks = lambda *args, **kwargs: [*run_callbacks(*args, **kwargs), Poison()]
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path(os.path.join(os.environ["ROOT"], "train.py"), run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_a_diverged_run_exits_1_with_its_last_good_checkpoint(tmp_path):
+    run = str(tmp_path / "run")
+    result = subprocess.run(
+        [sys.executable, "-c", _POISONED_AFTER_STEP_4, *STEADY, "--out", run],
+        env=dict(os.environ, PYTHONPATH=ROOT, ROOT=ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
+        capture_output=True, text=True, timeout=900)
+    assert result.returncode == 1, result.stderr
+    assert "the loss diverged (NaN); the last good checkpoint is in" in result.stderr
+    assert [step for step, _ in list_checkpoints(os.path.join(run, "checkpoints"))] == [4]
+    model = kt.build_transformer(TransformerConfig.from_dict(
+        json.load(open(os.path.join(run, "config.json")))["model"]))
+    training.compile_for_training(model)
+    assert training.restore_latest_checkpoint(model, os.path.join(run, "checkpoints")) == 4
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+    assert not os.path.exists(os.path.join(run, "model.keras"))
+
+
+@pytest.mark.slow
+def test_dev_bleu_in_the_logs_equals_evaluate_py(tmp_path):
+    run = str(tmp_path / "run")
+    # Long enough for some words of the references to come out (BLEU > 0).
+    result = _train([*STEADY, "--steps", "60", "--checkpoint-every", "20", "--bleu-every", "20",
+                     "--bleu-sentences", "8", "--out", run])
+    assert result.returncode == 0, result.stderr
+    with open(os.path.join(run, "log.csv")) as f:
+        logged = [float(row["bleu"]) for row in csv.DictReader(f)]
+    board = [float(tf.make_ndarray(value.tensor))
+             for path in glob.glob(os.path.join(run, "logs", "**", "events.*"), recursive=True)
+             for event in tf.compat.v1.train.summary_iterator(path)
+             for value in event.summary.value if value.tag == "epoch_bleu"]
+    assert board == pytest.approx(logged, abs=1e-4) and len(logged) == 3
+    # The last BLEU was measured with the final weights, on the first dev pairs.
+    evaluated = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "evaluate.py"), "--run", run, "--weights", "final",
+         "--test", "bundled", "--split", "dev", "--limit", "8", "--json", "--no-progress"],
+        env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=900)
+    assert evaluated.returncode == 0, evaluated.stderr
+    bleu = json.loads(evaluated.stdout)["bleu"]
+    assert bleu > 0 and bleu == pytest.approx(logged[-1], abs=1e-6)
 
 
 @pytest.mark.slow

@@ -125,3 +125,33 @@ def test_an_unreadable_newest_checkpoint_is_skipped(tmp_path, capsys):
         f.write(b"not a checkpoint")
     with pytest.raises(ValueError, match="no checkpoint in .* can be read"):
         training.restore_latest_checkpoint(_compiled_model(), str(tmp_path))
+
+
+def test_a_run_without_checkpoints_starts_from_init_from(tmp_path, capsys):
+    from keras_transformer import runs
+
+    source = _compiled_model()
+    source.set_weights([np.random.randn(*w.shape).astype("float32") for w in source.get_weights()])
+    run = tmp_path / "trained"
+    os.makedirs(run / runs.VOCAB)
+    os.makedirs(run / runs.CHECKPOINTS)
+    (run / runs.VOCAB / "subword.model").write_text("")
+    runs.write_config(str(run), source.config, kt.TrainingConfig())
+    source.optimizer.iterations.assign(30)
+    source.save_weights(training.checkpoint_path(str(run / runs.CHECKPOINTS), 30))
+
+    averaged = kt.build_transformer(source.config)  # averaged weights: no optimizer state
+    averaged.set_weights(source.get_weights())
+    averaged.save_weights(str(run / runs.AVERAGED_WEIGHTS))
+
+    for init_from in (str(run), training.checkpoint_path(str(run / runs.CHECKPOINTS), 30)):
+        model = _compiled_model()
+        assert training.restore_latest_checkpoint(model, str(tmp_path / "new"), init_from) == 0
+        assert int(model.optimizer.iterations.numpy()) == 0  # a fresh optimizer
+        for a, b in zip(model.get_weights(), source.get_weights()):
+            np.testing.assert_array_equal(a, b)
+        assert "Starting from the weights of" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="does not fit this model"):
+        model = kt.build_transformer(kt.TransformerConfig.tiny(30, d_model=8, d_ff=16))
+        training.compile_for_training(model)
+        training.restore_latest_checkpoint(model, str(tmp_path / "new"), str(run))
