@@ -30,3 +30,19 @@ def tokenizer():
     from tests.translation_fixtures import make_tokenizer
 
     return make_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    """A tiny Transformer with random weights, for the tokenizer's vocabulary."""
+    from tests.translation_fixtures import make_model
+
+    return make_model(tokenizer.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def translator(model, tokenizer):
+    """The serving and export tests' Translator (beams 1, 2 and 4)."""
+    from tests.translation_fixtures import make_translator
+
+    return make_translator(model, tokenizer)

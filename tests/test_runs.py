@@ -7,15 +7,9 @@ import pytest
 
 from keras_transformer import TrainingConfig
 from keras_transformer import runs
-from tests.translation_fixtures import make_model
 from tests.translation_fixtures import make_run_dir
 
 pytestmark = pytest.mark.keeps_graphs
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    return make_model(tokenizer.vocab_size)
 
 
 def test_load_run_reports_missing_pieces(tmp_path, model, tokenizer):

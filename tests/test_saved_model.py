@@ -17,21 +17,9 @@ from keras_transformer import serving
 from tests.translation_fixtures import BAD_UTF8
 from tests.translation_fixtures import EXTRA_LENGTH
 from tests.translation_fixtures import SENTENCES
-from tests.translation_fixtures import make_model
-from tests.translation_fixtures import make_translator
 from tests.translation_fixtures import strings as _strings
 
 pytestmark = pytest.mark.keeps_graphs
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    return make_model(tokenizer.vocab_size)
-
-
-@pytest.fixture(scope="module")
-def translator(model, tokenizer):
-    return make_translator(model, tokenizer)
 
 
 @pytest.fixture(scope="module")

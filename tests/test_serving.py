@@ -13,20 +13,9 @@ from tests.translation_fixtures import make_model
 from tests.translation_fixtures import BAD_UTF8
 from tests.translation_fixtures import EXTRA_LENGTH
 from tests.translation_fixtures import MAX_INPUT_LENGTH
-from tests.translation_fixtures import make_translator
 from tests.translation_fixtures import strings as _strings
 
 pytestmark = pytest.mark.keeps_graphs
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    return make_model(tokenizer.vocab_size)
-
-
-@pytest.fixture(scope="module")
-def translator(model, tokenizer):
-    return make_translator(model, tokenizer)
 
 
 def full_model_step_fn(model):
