@@ -75,7 +75,7 @@ def load_run(run_dir, weights="averaged"):
             f"(try weights={other!r})"
         )
     if weights == "final":
-        model = keras.saving.load_model(weights_path)
+        model = keras.saving.load_model(weights_path, compile=False)  # no optimizer needed
     else:
         model = build_transformer(config)
         model.load_weights(weights_path)
