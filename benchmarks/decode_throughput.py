@@ -46,6 +46,7 @@ from keras_transformer import build_transformer  # noqa: E402
 from keras_transformer import saved_model  # noqa: E402
 from keras_transformer import serving  # noqa: E402
 from keras_transformer.data import BOS_ID  # noqa: E402
+from machine import cpu_flags  # noqa: E402
 
 
 def parse_args(argv):
@@ -222,7 +223,7 @@ def main(argv=None):
             "path": "exported SavedModel, translate_ids signature",
         },
         "machine": {
-            "cpus": os.cpu_count(),
+            **cpu_flags(),
             "tensorflow": tf.__version__,
             "load_average_before": round(load_before, 2),
         },

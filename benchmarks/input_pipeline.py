@@ -25,6 +25,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from keras_transformer import data  # noqa: E402
+from machine import cpu_flags  # noqa: E402
 
 # Sec. 5.2: base model, 8 P100s, 0.4 s a step, batches of ~25000 + 25000 tokens.
 PAPER_BASE_TOKENS_PER_SECOND = (25000 + 25000) / 0.4
@@ -104,8 +105,8 @@ def main():
             "epochs": args.epochs,
             "seed": args.seed,
             "deterministic": args.deterministic,
-            "cpu_count": os.cpu_count(),
         },
+        "machine": cpu_flags(),
         "vocabulary_seconds": round(vocabulary_seconds, 2),
         "pairs": pairs_per_epoch,
         "pairs_too_long": result["pairs_too_long"] // args.epochs,

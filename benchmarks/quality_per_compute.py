@@ -46,6 +46,8 @@ import subprocess
 import sys
 import time
 
+from machine import cpu_flags
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # As train.py: TensorFlow's BFC allocator keeps freed CPU buffers for the next step.
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
@@ -62,29 +64,6 @@ KERAS_HUB_FRACTIONS = (0.25, 0.5, 0.75)
 SAMPLES = 3
 def log(message):
     print(f"quality_per_compute: {message}", file=sys.stderr, flush=True)
-
-
-def cpu_flags():
-    """Which of the matrix-multiply extensions this CPU has, from /proc/cpuinfo."""
-    flags, model = set(), ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "flags" and not flags:
-                    flags = set(value.split())
-                elif key.strip() == "model name" and not model:
-                    model = value.strip()
-    except OSError:
-        pass
-    return {
-        "model_name": model,
-        "cpus": os.cpu_count(),
-        "avx512f": "avx512f" in flags,
-        "avx512_bf16": "avx512_bf16" in flags,
-        "amx": any(flag.startswith("amx") for flag in flags),
-        "amx_flags": sorted(flag for flag in flags if flag.startswith("amx")),
-    }
 
 
 # Scoring --------------------------------------------------------------------

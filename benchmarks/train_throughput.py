@@ -21,7 +21,6 @@ layers, same precision and XLA setting) and, for mixed precision,
 import argparse
 import json
 import os
-import platform
 import resource
 import sys
 import time
@@ -30,6 +29,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # As train.py: TensorFlow's BFC allocator keeps freed CPU buffers for the next step
 # (set TF_CPU_ALLOCATOR_USE_BFC=false to measure without it).
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+
+from machine import cpu_flags  # noqa: E402
 
 
 def forward_flops(config, batch_size, source_length, target_length):
@@ -211,7 +212,7 @@ def main():
         "model": args.model,
         "vocab_size": args.vocab_size,
         "tokens_per_batch": args.batch_size * args.length,
-        "machine": {"cpus": os.cpu_count(), "processor": platform.processor()},
+        "machine": cpu_flags(),
         "tf_cpu_allocator_use_bfc": os.environ["TF_CPU_ALLOCATOR_USE_BFC"],
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "matmul_peak_flops": {k: round(v) for k, v in peaks.items()},

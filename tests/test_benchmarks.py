@@ -21,6 +21,7 @@ def test_train_throughput_prints_json():
                             timeout=600).stdout
     report = json.loads(output)
     assert report["tokens_per_batch"] == 8 * 16
+    assert {"model_name", "avx2", "avx512f", "avx512_bf16", "amx"} <= set(report["machine"])
     assert [r["xla"] for r in report["results"]] == [False, True]
     for result in report["results"]:
         assert len(result["step_seconds"]) == 2

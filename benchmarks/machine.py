@@ -1,0 +1,29 @@
+"""What every benchmark records of the machine it ran on: timings compare only
+between runs on the same CPU, and bfloat16 speed depends on its extensions."""
+
+import os
+import platform
+
+
+def cpu_flags():
+    """The CPU's model, cores and matrix-multiply extensions, from /proc/cpuinfo."""
+    flags, model = set(), ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+                elif key.strip() == "model name" and not model:
+                    model = value.strip()
+    except OSError:
+        pass
+    return {
+        "model_name": model or platform.processor(),
+        "cpus": os.cpu_count(),
+        "avx2": "avx2" in flags,
+        "avx512f": "avx512f" in flags,
+        "avx512_bf16": "avx512_bf16" in flags,
+        "amx": any(flag.startswith("amx") for flag in flags),
+        "amx_flags": sorted(flag for flag in flags if flag.startswith("amx")),
+    }
