@@ -153,8 +153,8 @@ def run(args, fields, model_overrides, explicit):
         start=_START[config.time_budget_clock], wall_start=_START["wall"])
     max_steps = config.steps if "steps" in explicit or not config.time_budget else None
     if config.time_budget and not step and budget.worth_planning(max_steps):
-        print(f"Timing the first steps to plan a {config.time_budget:g}-minute "
-              f"({config.time_budget_clock} clock) run...", flush=True)
+        print(f"Timing the first {budget.CALIBRATION_STEPS} steps to plan a {config.time_budget:g}"
+              f"-minute ({config.time_budget_clock} clock) run...", flush=True)
         config, step = budget.plan_run(model, schedule, train_batches(0), clock, config,
                                        explicit, max_steps)
         if chief:
