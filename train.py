@@ -125,23 +125,18 @@ def run(args, fields, model_overrides, explicit):
         model = kt.build_transformer(model_config)
         schedule = training.compile_for_training(
             model, model_config.label_smoothing, config.warmup_steps, config.learning_rate_scale,
-            config.jit_compile)
+            config.jit_compile, config.accumulate_steps)
         step = training.restore_latest_checkpoint(model, checkpoint_dir, config.init_from)
     distributed.require_same_on_all_workers(
         strategy, step, f"the checkpoints in {checkpoint_dir}: this worker resumes at {step}")
     if step:
         print(f"Resuming {args.out} at step {step}.", flush=True)
 
-    # === Batches: deterministic, so a resumed run skips exactly what it has seen ===
-    stats = data.BatchStats()
+    # === Batches: each epoch planned from the seed, so a resumed run starts at its step ===
     batch_args = dict(tokenizer=tokenizer, tokens_per_batch=config.tokens_per_batch,
                       max_sentence_tokens=config.max_sentence_tokens,
                       num_replicas=strategy.num_replicas_in_sync)
-
-    def train_batches(skip):
-        return data.make_batches(train_pairs, seed=config.seed, deterministic=True,
-                                 repeat=True, stats=stats, **batch_args).skip(skip)
-
+    train_batches = data.TrainingBatches(train_pairs, seed=config.seed, **batch_args)
     # Deterministic and full-size batches, so workers agree on each one and no
     # replica gets an empty share.
     dev_batches = data.make_batches(dev_pairs, shuffle=False, deterministic=True,
@@ -155,7 +150,7 @@ def run(args, fields, model_overrides, explicit):
     if config.time_budget and not step and budget.worth_planning(max_steps):
         print(f"Timing the first {budget.CALIBRATION_STEPS} steps to plan a {config.time_budget:g}"
               f"-minute ({config.time_budget_clock} clock) run...", flush=True)
-        config, step = budget.plan_run(model, schedule, train_batches(0), clock, config,
+        config, step = budget.plan_run(model, schedule, train_batches.dataset(0), clock, config,
                                        explicit, max_steps)
         if chief:
             runs.write_config(args.out, model_config, config)
@@ -166,10 +161,12 @@ def run(args, fields, model_overrides, explicit):
     # === Fit: an epoch is a checkpoint interval ===
     callbacks = training.run_callbacks(args.out, config, clock, chief, tokenizer, dev_pairs)
     losses, step = training.fit_by_checkpoints(
-        model, train_batches, dev_batches, step, max_steps, config.checkpoint_every,
-        config.steps, callbacks, stop=clock.over_budget, budgeted=bool(config.time_budget))
-    if stats.result().get("pairs_too_long"):
-        print(f"Dropped {stats.result()['pairs_too_long']} training pairs longer than "
+        model, lambda step: train_batches.dataset(step, config.accumulate_steps), dev_batches,
+        step, max_steps, config.checkpoint_every, config.steps, callbacks,
+        stop=clock.over_budget, budgeted=bool(config.time_budget),
+        accumulate_steps=config.accumulate_steps)
+    if train_batches.pairs_too_long:
+        print(f"Dropped {train_batches.pairs_too_long} training pairs longer than "
               f"{config.max_sentence_tokens} tokens.")
     if not all(map(math.isfinite, losses)):
         print(f"train.py: the loss diverged (NaN); the last good checkpoint is in "

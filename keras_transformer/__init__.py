@@ -15,8 +15,9 @@ from keras_transformer.metrics import Perplexity
 from keras_transformer.metrics import TokenAccuracy
 from keras_transformer.model import Transformer
 from keras_transformer.model import build_transformer
+from keras_transformer.optimizers import AccumulatingAdam
+from keras_transformer.optimizers import transformer_optimizer
 from keras_transformer.schedules import TransformerSchedule
-from keras_transformer.schedules import transformer_optimizer
 
 _LAZY = {
     "SubwordTokenizer": "keras_transformer.data",
@@ -28,7 +29,7 @@ _LAZY = {
 }
 
 __all__ = sorted([
-    "LabelSmoothedCrossEntropy", "Perplexity", "TokenAccuracy", "TrainingConfig",
+    "AccumulatingAdam", "LabelSmoothedCrossEntropy", "Perplexity", "TokenAccuracy", "TrainingConfig",
     "Transformer", "TransformerConfig", "TransformerSchedule", "build_transformer",
     "transformer_optimizer", *_LAZY,
 ])

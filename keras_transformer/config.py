@@ -253,6 +253,10 @@ class TrainingConfig:
             time, as the quality benchmark counts it).
         tokens_per_batch: source and target token budget of a batch, per
             replica (paper: about 25000 per step in all).
+        accumulate_steps: batches per optimizer update (gradient accumulation):
+            a step trains on accumulate_steps x tokens_per_batch tokens per
+            replica, its loss normalized over all of them; steps, warm-up and
+            checkpoints count updates.
         max_sentence_tokens: the longest source or target sentence trained on,
             in tokens; longer pairs are dropped and counted.
         warmup_steps: of the learning-rate schedule (paper: 4000). With
@@ -288,6 +292,7 @@ class TrainingConfig:
     time_budget: float = 0.0
     time_budget_clock: str = "wall"
     tokens_per_batch: int = 4096
+    accumulate_steps: int = 1
     max_sentence_tokens: int = 128
     warmup_steps: int = 300
     learning_rate_scale: float = 1.0
@@ -304,7 +309,7 @@ class TrainingConfig:
 
     def __post_init__(self):
         positive = ("vocab_size", "vocab_sentences", "steps", "tokens_per_batch",
-                    "max_sentence_tokens",
+                    "accumulate_steps", "max_sentence_tokens",
                     "warmup_steps", "checkpoint_every", "keep_checkpoints", "average_last",
                     "bleu_sentences")
         for name in positive:
@@ -334,6 +339,10 @@ class TrainingConfig:
                  not self.time_budget or self.strategy != "multi_worker",
                  "must be 0 on a multi-worker run, whose workers cannot plan from one "
                  "process's timings: give --steps instead", "TrainingConfig")
+        _require("time_budget", self.time_budget,
+                 not self.time_budget or self.accumulate_steps == 1,
+                 "must be 0 with accumulate_steps > 1 (the budget plans single-batch "
+                 "steps): give --steps instead", "TrainingConfig")
 
     def model_preset(self, cores=1):
         """The `TransformerConfig` preset to train: `model`, or for "auto" the CPU

@@ -70,6 +70,11 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     replicas' gradients, so N replicas compute exactly the gradient of one
     device on the same global batch, however the padding falls.
 
+    `sample_weight` (per token, (B, T), or per row, (B, 1)) multiplies the token
+    losses; the divisor stays the count of non-padding tokens, as in Keras's
+    "sum_over_batch_size". That is how `TrainingBatches.dataset(accumulate_steps=N)`
+    normalizes a loss over N batches that make one update.
+
     Args:
         label_smoothing: eps_ls (paper: 0.1).
         padding_id: target id that carries no loss.
@@ -90,11 +95,11 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         losses = self.call(y_true, y_pred)  # (B, T)
-        weights = ops.cast(ops.not_equal(y_true, self.padding_id), "float32")
+        real = ops.cast(ops.not_equal(y_true, self.padding_id), "float32")
+        token_count = global_sum(ops.sum(real))
         if sample_weight is not None:
-            weights = weights * ops.cast(sample_weight, "float32")
-        token_count = global_sum(ops.sum(weights))
-        return ops.sum(losses * weights) / ops.maximum(token_count, 1.0)
+            losses = losses * ops.cast(sample_weight, "float32")
+        return ops.sum(losses * real) / ops.maximum(token_count, 1.0)
 
     def get_config(self):
         return {

@@ -62,13 +62,3 @@ def _value(number):
     if isinstance(number, keras.Variable):
         return float(keras.ops.convert_to_numpy(number))
     return number
-
-
-# Sec. 5.3: "We used the Adam optimizer with beta1 = 0.9, beta2 = 0.98 and epsilon = 1e-9".
-ADAM_SETTINGS = dict(beta_1=0.9, beta_2=0.98, epsilon=1e-9)
-
-
-def transformer_optimizer(d_model, warmup_steps=4000, scale=1.0):
-    """Adam with the paper's beta1 0.9, beta2 0.98, epsilon 1e-9 and schedule (Sec. 5.3)."""
-    return keras.optimizers.Adam(TransformerSchedule(d_model, warmup_steps, scale),
-                                 **ADAM_SETTINGS)

@@ -22,7 +22,7 @@ from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import Perplexity
 from keras_transformer.metrics import TokenAccuracy
 from keras_transformer.model import build_transformer
-from keras_transformer.schedules import ADAM_SETTINGS
+from keras_transformer.optimizers import adam
 from keras_transformer.schedules import TransformerSchedule
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.weights\.h5$")
@@ -38,13 +38,16 @@ def set_precision(precision):
 
 
 def compile_for_training(model, label_smoothing=0.1, warmup_steps=4000, learning_rate_scale=1.0,
-                         jit_compile=False):
+                         jit_compile=False, accumulate_steps=1):
     """Compiles `model` with the paper's recipe (Sec. 5.3-5.4).
 
     Adam (beta1 0.9, beta2 0.98, epsilon 1e-9) on `TransformerSchedule`, the
     label-smoothed cross entropy averaged over the global batch's target tokens,
     and token accuracy and perplexity. Under `mixed_float16` Keras wraps the
-    optimizer in a `LossScaleOptimizer` (dynamic loss scaling). The schedule's
+    optimizer in a `LossScaleOptimizer` (dynamic loss scaling). With
+    `accumulate_steps` N > 1 the optimizer is an `AccumulatingAdam`, one update
+    from every N batches: feed it `TrainingBatches.dataset(accumulate_steps=N)`,
+    whose token weights normalize the loss over the N batches. The schedule's
     warm-up and scale are `keras.Variable`s, so that a budgeted run can plan
     them once it has timed its first steps (`budget.plan_run`).
 
@@ -57,7 +60,7 @@ def compile_for_training(model, label_smoothing=0.1, warmup_steps=4000, learning
                             (learning_rate_scale, "learning_rate_scale")))
     schedule = TransformerSchedule(model.config.d_model, warmup_steps, learning_rate_scale)
     model.compile(
-        optimizer=keras.optimizers.Adam(schedule, **ADAM_SETTINGS),
+        optimizer=adam(schedule, accumulate_steps),
         loss=LabelSmoothedCrossEntropy(label_smoothing),
         metrics=[TokenAccuracy(), Perplexity()],
         jit_compile=jit_compile,
@@ -66,7 +69,8 @@ def compile_for_training(model, label_smoothing=0.1, warmup_steps=4000, learning
 
 
 def fit_by_checkpoints(model, batches, dev_batches, step, last_step, checkpoint_every,
-                       planned_steps, callbacks, stop=lambda: False, budgeted=False):
+                       planned_steps, callbacks, stop=lambda: False, budgeted=False,
+                       accumulate_steps=1):
     """Trains from `step` to `last_step` with `model.fit`, an epoch a checkpoint
     interval: the steps to the next multiple of `checkpoint_every`, whole
     intervals, then the steps left over as one shorter epoch, so that the last
@@ -75,7 +79,8 @@ def fit_by_checkpoints(model, batches, dev_batches, step, last_step, checkpoint_
 
     Args:
         model: the compiled model.
-        batches: `batches(skip)`, the training batches after the first `skip`.
+        batches: `batches(step)`, the training batches from `step` on
+            (`TrainingBatches.dataset`).
         dev_batches: the dev batches, whose loss is measured every epoch, or
             on a `budgeted` run only half-way and at `planned_steps` (each pass,
             and its compilations under XLA, costs steps).
@@ -86,6 +91,8 @@ def fit_by_checkpoints(model, batches, dev_batches, step, last_step, checkpoint_
         callbacks: the `fit` callbacks.
         stop: checked after each `fit`.
         budgeted: whether a time budget decides the steps.
+        accumulate_steps: batches per step (the optimizer's, see
+            `compile_for_training`); `batches(step)` gives that many per step.
 
     Returns:
         `(losses, step)`: the epochs' training losses and the step reached.
@@ -99,7 +106,7 @@ def fit_by_checkpoints(model, batches, dev_batches, step, last_step, checkpoint_
             batches(step),
             epochs=step // checkpoint_every + epochs,
             initial_epoch=step // checkpoint_every,
-            steps_per_epoch=length,
+            steps_per_epoch=length * accumulate_steps,
             callbacks=callbacks,
             validation_data=dev_batches,
             validation_freq=validation_freq,

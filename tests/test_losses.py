@@ -30,10 +30,15 @@ def test_padding_carries_no_loss_and_sample_weights_apply():
     changed[~REAL] = 100.0 * RNG.randn(int((~REAL).sum()), V)
     np.testing.assert_allclose(float(loss(TARGETS, changed)), float(loss(TARGETS, LOGITS)),
                                rtol=1e-6)
-    weights = np.array([1.0, 0.0, 0.0])[:, None] * np.ones((1, 5))
-    np.testing.assert_allclose(
-        float(loss(TARGETS, LOGITS, sample_weight=weights)),
-        float(loss(TARGETS[:1], LOGITS[:1])), rtol=1e-6)
+    # Weights multiply the token losses; the divisor is still the token count.
+    weights = RNG.rand(*TARGETS.shape)
+    per_token = np.asarray(keras.losses.CategoricalCrossentropy(
+        from_logits=True, label_smoothing=0.1, reduction=None)(np.eye(V)[TARGETS], LOGITS))
+    np.testing.assert_allclose(float(loss(TARGETS, LOGITS, sample_weight=weights)),
+                               (per_token * weights)[REAL].sum() / REAL.sum(), rtol=1e-5)
+    rows = np.array([[2.0], [0.0], [1.0]])  # (B, 1): one weight a sentence
+    np.testing.assert_allclose(float(loss(TARGETS, LOGITS, sample_weight=rows)),
+                               (per_token * rows)[REAL].sum() / REAL.sum(), rtol=1e-5)
 
 
 def test_metrics_on_non_padding_tokens():

@@ -60,6 +60,8 @@ def _train(args, wait=True, capture=False, **environment):
         (["--model-config", "nowhere.json"], "--model-config nowhere.json"),
         (["--model", "tiny", "--model-config", "nowhere.json"], "give one"),
         (["--time-budget", "5", "--strategy", "multi_worker"], "give --steps instead"),
+        (["--time-budget", "5", "--accumulate-steps", "2"], "must be 0 with accumulate_steps"),
+        (["--accumulate-steps", "0"], "accumulate_steps must be >= 1"),
         (["--init-from", "nowhere"], "--init-from nowhere: not a run directory"),
     ],
 )
@@ -183,15 +185,17 @@ def test_time_budget_plans_and_stops_after_the_budget(tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_like_an_uninterrupted_one(tmp_path):
+@pytest.mark.parametrize("accumulate_steps", ["1", "3"])
+def test_killed_run_resumes_like_an_uninterrupted_one(accumulate_steps, tmp_path):
     whole, interrupted = str(tmp_path / "whole"), str(tmp_path / "interrupted")
+    flags = [*QUICK, "--accumulate-steps", accumulate_steps]
     # Deterministic kernels: a machine whose thread pools sum in varying order
     # would otherwise drift apart in both runs alike, resumed or not.
     deterministic = dict(TF_DETERMINISTIC_OPS="1")
-    assert _train([*QUICK, "--out", whole], **deterministic).returncode == 0
+    assert _train([*flags, "--out", whole], **deterministic).returncode == 0
 
     # Kill the second run as soon as its first checkpoint exists (mid-training).
-    process = _train([*QUICK, "--out", interrupted], wait=False, **deterministic)
+    process = _train([*flags, "--out", interrupted], wait=False, **deterministic)
     first = os.path.join(interrupted, "checkpoints", "ckpt-00000002.weights.h5")
     deadline = time.time() + 600
     while not os.path.exists(first) and process.poll() is None and time.time() < deadline:
@@ -200,13 +204,13 @@ def test_killed_run_resumes_like_an_uninterrupted_one(tmp_path):
     process.wait()
     assert not os.path.exists(os.path.join(interrupted, "model.keras"))
 
-    resumed = _train([*QUICK, "--out", interrupted], **deterministic)
+    resumed = _train([*flags, "--out", interrupted], **deterministic)
     assert resumed.returncode == 0, resumed.stderr
     assert "Resuming" in resumed.stdout
 
     expected = keras.saving.load_model(os.path.join(whole, "model.keras"))
     actual = keras.saving.load_model(os.path.join(interrupted, "model.keras"))
-    assert int(actual.optimizer.iterations.numpy()) == 6
+    assert int(actual.optimizer.iterations.numpy()) == 6  # updates
     for a, b in zip(actual.get_weights(), expected.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-5)
     for a, b in zip(actual.optimizer.variables, expected.optimizer.variables):
@@ -364,8 +368,9 @@ def test_a_diverged_run_exits_1_with_its_last_good_checkpoint(tmp_path):
 def test_dev_bleu_in_the_logs_equals_evaluate_py(tmp_path):
     run = str(tmp_path / "run")
     # Long enough for some words of the references to come out (BLEU > 0).
-    result = _train([*STEADY, "--steps", "60", "--checkpoint-every", "20", "--bleu-every", "20",
-                     "--bleu-sentences", "8", "--out", run])
+    result = _train([*QUICK, "--steps", "150", "--checkpoint-every", "50", "--bleu-every", "50",
+                     "--warmup-steps", "20", "--learning-rate-scale", "0.5",
+                     "--bleu-sentences", "32", "--out", run])
     assert result.returncode == 0, result.stderr
     with open(os.path.join(run, "log.csv")) as f:
         logged = [float(row["bleu"]) for row in csv.DictReader(f)]
@@ -377,7 +382,7 @@ def test_dev_bleu_in_the_logs_equals_evaluate_py(tmp_path):
     # The last BLEU was measured with the final weights, on the first dev pairs.
     evaluated = subprocess.run(
         [sys.executable, os.path.join(ROOT, "evaluate.py"), "--run", run, "--weights", "final",
-         "--test", "bundled", "--split", "dev", "--limit", "8", "--json", "--no-progress"],
+         "--test", "bundled", "--split", "dev", "--limit", "32", "--json", "--no-progress"],
         env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=900)
     assert evaluated.returncode == 0, evaluated.stderr
     bleu = json.loads(evaluated.stdout)["bleu"]

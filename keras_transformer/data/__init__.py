@@ -6,6 +6,7 @@ Never imports the model.
 from keras_transformer.data.batching import BatchStats, bucket_lengths, make_batches
 from keras_transformer.data.corpora import bundled_manifest, load_parallel
 from keras_transformer.data.tokenizer import SubwordTokenizer
+from keras_transformer.data.training_batches import TrainingBatches
 from keras_transformer.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "EOS_ID",
     "PAD_ID",
     "SubwordTokenizer",
+    "TrainingBatches",
     "UNK_ID",
     "bucket_lengths",
     "bundled_manifest",

@@ -25,7 +25,7 @@ import tensorflow as tf
 from keras_transformer.token_ids import BOS_ID, EOS_ID, PAD_ID
 
 # Pairs tokenized and grouped per step: tf.data's cost is per call, not per pair.
-_CHUNK_SIZE = 8192
+CHUNK_SIZE = 8192
 
 
 def bucket_lengths(max_sentence_tokens, granularity=8, growth=1.1):
@@ -98,7 +98,6 @@ def make_batches(
     deterministic=False,
     bucket_boundaries=None,
     static_batch_size=True,
-    repeat=False,
     stats=None,
 ):
     """Tokenizes sentence pairs and groups them into token-budget batches.
@@ -130,11 +129,6 @@ def make_batches(
             with rows of padding (ids 0, no target tokens) so that every batch of a
             bucket has the same shape and a jit-compiled model compiles one
             program per bucket. A loss that masks padding targets ignores them.
-        repeat: bool; True makes an endless stream over epochs, each reshuffled,
-            whose batches run across epoch boundaries, so no batch is ever cut
-            short (and no row is filler). For training with `steps_per_epoch`;
-            on a small corpus the last batches of each bucket are a large share of
-            an epoch (17% of the padded tokens of the bundled corpus).
         stats: a `BatchStats` to count pairs read and dropped; optional.
 
     Returns:
@@ -148,7 +142,7 @@ def make_batches(
     ```python
     stats = BatchStats()
     batches = make_batches(pairs, tokenizer, 25000, 256, seed=1, stats=stats)
-    model.fit(batches.repeat(), steps_per_epoch=1000, ...)  # or repeat=True above
+    model.fit(batches.repeat(), steps_per_epoch=1000, ...)
     stats.result()  # {"pairs_read": ..., "pairs_too_long": ..., "pairs_batched": ...}
     ```
     """
@@ -158,7 +152,7 @@ def make_batches(
     if bucket_boundaries is None:
         bucket_boundaries = bucket_lengths(max_sentence_tokens)
     bucket_boundaries = [int(length) for length in bucket_boundaries]
-    _validate(
+    validate(
         tokens_per_batch, max_sentence_tokens, num_replicas, bucket_boundaries, shuffle, seed,
         deterministic, shuffle_buffer_size,
     )
@@ -252,16 +246,8 @@ def make_batches(
         return state, (batch_source, batch_target, batch_bucket)
 
     def pad(source, target, bucket):
-        length = lengths[bucket]
         num_rows = batch_sizes[bucket] if static_batch_size else source.nrows()
-        bos = tf.fill(tf.stack([source.nrows(), 1]), BOS_ID)
-        eos = tf.fill(tf.stack([source.nrows(), 1]), EOS_ID)
-        shape = tf.stack([num_rows, length])
-        encoder_inputs = source.to_tensor(PAD_ID, shape=shape)  # (B, L)
-        decoder_inputs = tf.concat([bos, target], axis=1).to_tensor(PAD_ID, shape=shape)
-        targets = tf.concat([target, eos], axis=1).to_tensor(PAD_ID, shape=shape)
-        inputs = {"encoder_inputs": encoder_inputs, "decoder_inputs": decoder_inputs}
-        return inputs, targets
+        return pad_batch(source, target, lengths[bucket], num_rows)
 
     shuffle_seed = tf.constant(0 if seed is None else seed, tf.int64)
     if shuffle and seed is None:
@@ -277,12 +263,10 @@ def make_batches(
     dataset = pairs
     if shuffle:
         dataset = dataset.shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        dataset = dataset.repeat()
     # Everything below works on whole chunks or whole batches: tf.data pays for
     # each function call, so none is made per pair.
     dataset = (
-        dataset.batch(_CHUNK_SIZE)
+        dataset.batch(CHUNK_SIZE)
         .map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
         # A last, empty chunk flushes the pairs still waiting.
         .concatenate(tf.data.Dataset.from_tensors((empty, empty, tf.constant(True))))
@@ -302,7 +286,19 @@ def make_batches(
     return dataset.with_options(options)
 
 
-def _validate(
+def pad_batch(source, target, length, num_rows):
+    """`(inputs, targets)` of one batch: ragged source and target ids (n, None)
+    padded to (num_rows, length); rows past n are all padding."""
+    bos = tf.fill(tf.stack([source.nrows(), 1]), BOS_ID)
+    eos = tf.fill(tf.stack([source.nrows(), 1]), EOS_ID)
+    shape = tf.stack([num_rows, length])
+    encoder_inputs = source.to_tensor(PAD_ID, shape=shape)  # (B, L)
+    decoder_inputs = tf.concat([bos, target], axis=1).to_tensor(PAD_ID, shape=shape)
+    targets = tf.concat([target, eos], axis=1).to_tensor(PAD_ID, shape=shape)
+    return {"encoder_inputs": encoder_inputs, "decoder_inputs": decoder_inputs}, targets
+
+
+def validate(
     tokens_per_batch, max_sentence_tokens, num_replicas, boundaries, shuffle, seed,
     deterministic, shuffle_buffer_size,
 ):

@@ -156,19 +156,6 @@ def test_deterministic_runs_repeat_and_epochs_reshuffle(dev_pairs, tokenizer):
     assert not same(epoch_two, epoch_one)  # each epoch reshuffles
 
 
-def test_repeat_runs_across_epochs_without_short_batches(dev_pairs, tokenizer):
-    stats = data.BatchStats()
-    batches = data.make_batches(
-        dev_pairs.take(300), tokenizer, BUDGET, MAX_LENGTH, seed=0, repeat=True, stats=stats
-    )
-    read = read_batches(batches.take(40))
-    for (batch_size, length), rows in read:
-        assert len(rows) == batch_size == BUDGET // length  # no filler rows
-    # 40 batches hold more pairs than one epoch: they run across epochs.
-    assert sum(len(rows) for _, rows in read) > 300
-    assert stats.result()["pairs_read"] > 300
-
-
 def test_custom_bucket_boundaries(dev_pairs, tokenizer, reference):
     batches = data.make_batches(
         dev_pairs, tokenizer, BUDGET, MAX_LENGTH, bucket_boundaries=[32, 64], seed=0

@@ -1,0 +1,88 @@
+import collections
+
+import numpy as np
+import pytest
+
+from keras_transformer import data
+from tests.data.test_batching import BUDGET, MAX_LENGTH, read_batches, reference_pairs
+
+
+@pytest.fixture(scope="module")
+def reference(dev_pairs, tokenizer):
+    return reference_pairs(dev_pairs, tokenizer, MAX_LENGTH)
+
+
+@pytest.fixture(scope="module")
+def batches(dev_pairs, tokenizer):
+    return data.TrainingBatches(dev_pairs, tokenizer, BUDGET, MAX_LENGTH, seed=5)
+
+
+def expected_batches_per_epoch(kept, num_replicas=1):
+    """Per bucket, the full batches its pairs make: the closed form of an epoch."""
+    lengths = data.bucket_lengths(MAX_LENGTH)
+    counts = collections.Counter(
+        min(l for l in lengths if l >= max(len(source), len(target) + 1))
+        for source, target in kept)
+    return sum(count // (num_replicas * (BUDGET // length)) for length, count in counts.items())
+
+
+def test_an_epoch_is_full_batches_of_distinct_pairs(batches, reference):
+    kept, too_long = reference
+    assert (batches.pairs, batches.pairs_too_long) == (len(kept), too_long)
+    assert batches.batches_per_epoch == expected_batches_per_epoch(kept)
+    epoch = read_batches(batches.dataset().take(batches.batches_per_epoch))
+    lengths = data.bucket_lengths(MAX_LENGTH)
+    rows = []
+    for (batch_size, length), pairs in epoch:
+        assert len(pairs) == batch_size == BUDGET // length  # full: no filler rows
+        for source, target in pairs:  # each pair in the smallest bucket that holds it
+            assert length == min(l for l in lengths if l >= max(len(source), len(target) + 1))
+        rows += pairs
+    # Each pair at most once; what sits out is less than a batch per bucket.
+    assert not collections.Counter(rows) - collections.Counter(kept)
+    assert len(kept) - len(rows) < sum(BUDGET // length for length in lengths)
+    # The batches are shuffled, not bucket by bucket.
+    shapes = [shape for shape, _ in epoch]
+    assert shapes != sorted(shapes)
+
+
+def test_starting_at_a_step_gives_the_batches_of_an_uninterrupted_run(batches):
+    per_epoch = batches.batches_per_epoch
+    run = [targets for _, targets in batches.dataset().take(2 * per_epoch + 3)]
+    for step in (1, per_epoch - 1, per_epoch, per_epoch + 7, 2 * per_epoch + 2):
+        _, targets = next(iter(batches.dataset(step)))
+        np.testing.assert_array_equal(targets, run[step])
+    # Far away, one epoch is planned: the batch at step E*B + k is batch k of epoch E.
+    far_epoch = 10**9
+    _, targets = next(iter(batches.dataset(far_epoch * per_epoch + 3)))
+    _, expected = next(iter(batches.epoch(far_epoch).skip(3)))
+    np.testing.assert_array_equal(targets, expected)
+    # Each epoch reshuffles.
+    assert [t.shape for t in run[:per_epoch]] != [t.shape for t in run[per_epoch:2 * per_epoch]]
+
+
+def test_same_seed_same_batches_other_seed_others(dev_pairs, tokenizer, batches):
+    def first(seed):
+        again = data.TrainingBatches(dev_pairs.take(600), tokenizer, BUDGET, MAX_LENGTH, seed=seed)
+        return [targets.numpy() for _, targets in again.dataset().take(5)]
+
+    same, other = first(5), first(6)
+    assert all(np.array_equal(a, b) for a, b in zip(same, first(5)))
+    assert not all(a.shape == b.shape and np.array_equal(a, b) for a, b in zip(same, other))
+
+
+def test_budget_is_per_replica(dev_pairs, tokenizer, reference):
+    batches = data.TrainingBatches(dev_pairs, tokenizer, BUDGET, MAX_LENGTH, seed=0,
+                                   num_replicas=2)
+    assert batches.batches_per_epoch == expected_batches_per_epoch(reference[0], 2)
+    for (batch_size, length), pairs in read_batches(batches.dataset().take(20)):
+        assert len(pairs) == batch_size == 2 * (BUDGET // length)
+
+
+def test_a_corpus_too_small_for_a_batch_is_refused(dev_pairs, tokenizer):
+    with pytest.raises(ValueError, match="fills no batch.*smaller tokens_per_batch"):
+        data.TrainingBatches(dev_pairs.take(3), tokenizer, BUDGET, MAX_LENGTH, seed=0)
+    with pytest.raises(ValueError, match="The training corpus is empty"):
+        data.TrainingBatches(dev_pairs.take(0), tokenizer, BUDGET, MAX_LENGTH, seed=0)
+    with pytest.raises(ValueError, match="tokens_per_batch must be at least"):
+        data.TrainingBatches(dev_pairs, tokenizer, 32, MAX_LENGTH, seed=0)
