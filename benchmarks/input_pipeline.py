@@ -115,7 +115,7 @@ def main():
         "source_tokens": best["source_tokens"],
         "target_tokens": best["target_tokens"],
         # Of the padded batches' token slots: all padding, and the part of it in
-        # filler rows (the last batch of each bucket, once an epoch; see repeat=True).
+        # filler rows (the last batch of each bucket, once an epoch; TrainingBatches has none).
         "padding_fraction": round(
             1 - (best["source_tokens"] + best["target_tokens"]) / best["padded_tokens"], 4
         ),

@@ -24,7 +24,9 @@ import sys
 import tempfile
 import time
 
-from machine import cpu_flags
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from machine import cpu_flags  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = [sys.executable, os.path.join(ROOT, "train.py")]

@@ -91,3 +91,19 @@ def test_quality_per_compute_prints_json(tmp_path):
     assert ours["config"]["training"]["time_budget_clock"] == "cpu"
     if keras_hub["bleu"]:
         assert report["bleu_ratio"] == pytest.approx(ours["bleu"] / keras_hub["bleu"])
+
+
+@pytest.mark.slow
+def test_resume_time_prints_json():
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "resume_time.py"),
+               "--far-step", "1000", "--repeats", "1", "--no-stream-skip"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900,
+                            env=dict(os.environ, PYTHONPATH=ROOT))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert (report["near"]["step"], report["far"]["step"]) == (10, 1000)
+    for side in ("near", "far"):
+        [first] = report[side]["seconds_to_first_step"]
+        assert 0 < first <= report[side]["process_seconds"][0]
+    assert report["far_over_near"] > 0 and "stream_skip_seconds" not in report
+    assert "avx512_bf16" in report["machine"]
