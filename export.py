@@ -40,6 +40,14 @@ def parse_args(argv):
                         help="beam sizes callers may ask for (one program each)")
     parser.add_argument("--max-input-length", type=int, default=None,
                         help="longer inputs are truncated (default: the model's max_positions)")
+    parser.add_argument("--max-batch-size", type=int, default=256,
+                        help="requests of more sentences are refused (InvalidArgument), and "
+                             "the model server's batches are no larger")
+    parser.add_argument("--max-input-chars", type=int, default=10000,
+                        help="requests with a longer sentence are refused (InvalidArgument)")
+    parser.add_argument("--model-name", default=None,
+                        help="the model's name in the model server's models.config "
+                             "(default: the base name of --out)")
     parser.add_argument("--jit-compile", action="store_true",
                         help="compile the beam search with XLA (the model server must "
                              "enable XLA JIT)")
@@ -79,7 +87,8 @@ def main(argv=None):
         translator = serving.Translator(
             model, None if args.ids_only else tokenizer, beam_size=args.beam_size, alpha=args.alpha,
             extra_length=args.extra_length, max_input_length=args.max_input_length,
-            beam_sizes=args.beam_sizes, jit_compile=args.jit_compile,
+            beam_sizes=args.beam_sizes, max_batch_size=args.max_batch_size,
+            max_input_chars=args.max_input_chars, jit_compile=args.jit_compile,
         )
         warmup = saved_model.WARMUP_TEXTS
         if args.warmup_file is not None:
@@ -90,6 +99,7 @@ def main(argv=None):
             translator, args.out, args.version, config=run_config, warmup_texts=warmup,
             check=not args.no_check,
         )
+        server_files = saved_model.write_model_server_files(args.out, translator, args.model_name)
     except (ValueError, FileNotFoundError) as error:
         print(f"export.py: {error}", file=sys.stderr)
         return 2
@@ -99,6 +109,9 @@ def main(argv=None):
     checked = "" if args.no_check else ", checked in a separate process"
     print(f"export.py: wrote {path}{checked}")
     print(f"  saved_model_cli show --dir {path} --all")
+    print(f"  TF Serving: --model_config_file={os.path.basename(server_files[0])} "
+          f"--enable_batching --batching_parameters_file={os.path.basename(server_files[1])} "
+          f"(both in {args.out}; see README)")
     return 0
 
 

@@ -5,6 +5,8 @@ temporary name, adds `assets.extra/config.json` (model, translator and run
 settings) and TF Serving's warm-up requests, reloads it in a separate Python
 process that imports only TensorFlow (`check_export`), and then renames it into
 place, so that a model server watching `EXPORT_DIR` never sees a partial version.
+`write_model_server_files` adds the model server's `models.config` and
+`batching_parameters.txt` beside the versions.
 """
 
 import json
@@ -16,11 +18,14 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+from keras_transformer.durable import write_atomically
 from keras_transformer.serving import positive_int
 
 SIGNATURES = ("serving_default", "translate", "translate_ids", "translate_nbest")
 CONFIG_FILENAME = "config.json"
 WARMUP_FILENAME = "tf_serving_warmup_requests"
+MODELS_CONFIG_FILENAME = "models.config"
+BATCHING_FILENAME = "batching_parameters.txt"
 WARMUP_TEXTS = (
     "Hello.",
     "This sentence warms up the model server before the first request arrives.",
@@ -70,6 +75,13 @@ def export_translator(
     Raises:
         ExportError: the version exists already, or the check failed.
     """
+    too_long = [text for text in warmup_texts if len(text) > translator.max_input_chars]
+    if len(warmup_texts) > translator.max_batch_size or too_long:
+        raise ValueError(
+            f"the warm-up sentences must fit the request limits (max_batch_size="
+            f"{translator.max_batch_size}, max_input_chars={translator.max_input_chars}), or "
+            f"the model server would fail to load the export; received {len(warmup_texts)} "
+            f"sentences, {len(too_long)} of them too long")
     version = next_version(export_dir) if version is None else positive_int("version", version)
     final_path = os.path.join(export_dir, str(version))
     if os.path.exists(final_path):
@@ -103,7 +115,7 @@ def export_translator(
             else:
                 texts = list(check_texts if check_texts is not None else warmup_texts)
                 if check_texts is None:
-                    texts += ["", "   "]
+                    texts = (texts + ["", "   "])[:translator.max_batch_size]
                 inputs = {"text": texts}
                 expected = translator.translate(tf.constant(texts, tf.string))
             check_export(temporary_path, inputs, expected, text_ops=not translator.ids_only)
@@ -111,6 +123,53 @@ def export_translator(
     finally:
         shutil.rmtree(temporary_path, ignore_errors=True)
     return final_path
+
+
+def write_model_server_files(export_dir, translator, model_name=None, base_path=None,
+                             batch_timeout_micros=5000, num_batch_threads=None):
+    """Writes TF Serving's `--model_config_file` and `--batching_parameters_file`
+    into `export_dir` (the server ignores what is not a version directory).
+
+    `models.config` serves `export_dir` as `model_name` (default: its base name)
+    from `base_path` (default: `/models/<model_name>`, where the README's docker
+    command mounts it). `batching_parameters.txt` lets the server merge requests
+    into batches of at most the translator's `max_batch_size` (a larger merged
+    batch would be refused by the export's own limit), waiting at most
+    `batch_timeout_micros`, on `num_batch_threads` threads (default: this
+    machine's cores). The server's batching needs every input of a signature to
+    have a batch dimension: with `--enable_batching`, call `serving_default`
+    (text only), not `translate` with its scalar knobs.
+
+    Returns:
+        The paths of the two files.
+    """
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    model_name = model_name or os.path.basename(os.path.normpath(export_dir))
+    config = model_server_config_pb2.ModelServerConfig()
+    model = config.model_config_list.config.add()
+    model.name = model_name
+    model.base_path = base_path or f"/models/{model_name}"
+    model.model_platform = "tensorflow"
+    batching = {
+        "max_batch_size": translator.max_batch_size,
+        "batch_timeout_micros": batch_timeout_micros,
+        "max_enqueued_batches": 100,
+        "num_batch_threads": num_batch_threads or os.cpu_count() or 1,
+    }
+    paths = [os.path.join(export_dir, name) for name in (MODELS_CONFIG_FILENAME, BATCHING_FILENAME)]
+    texts = [text_format.MessageToString(config),
+             "".join(f"{name} {{ value: {value} }}\n" for name, value in batching.items())]
+    os.makedirs(export_dir, exist_ok=True)
+    for path, text in zip(paths, texts):
+        write_atomically(path, lambda temporary, text=text: _write_text(temporary, text))
+    return paths
+
+
+def _write_text(path, text):
+    with open(path, "w") as f:
+        f.write(text)
 
 
 def next_version(export_dir):

@@ -32,6 +32,13 @@ one program per K, so `beam_size` must be one of a fixed set of sizes traced
 at export (`beam_sizes`, default 1, 2, 4, 8; `tf.switch_case` picks one).
 Another value is answered with an `InvalidArgument` error that lists them.
 
+Request limits, set when the translator is made (`export.py --max-batch-size
+--max-input-chars`) and recorded in the export's `assets.extra/config.json`: a
+request of more than `max_batch_size` sentences, or with a sentence of more than
+`max_input_chars` characters, is refused with an `InvalidArgument` error naming
+the limit, before any tokenization or search, so in milliseconds whatever its
+size; `extra_length` is clamped to `max_output_length`.
+
 Bad input is answered, not crashed on:
 - runs of whitespace (tabs, newlines, Unicode spaces) become one space and the
   ends are stripped, as in the training text;
@@ -65,6 +72,10 @@ from keras_transformer.token_ids import EOS_ID
 from keras_transformer.token_ids import PAD_ID
 
 DEFAULT_BEAM_SIZES = (1, 2, 4, 8)
+# Request limits: one request holds a model server for about as long as the
+# batch takes, and its memory grows with the text's length.
+DEFAULT_MAX_BATCH_SIZE = 256
+DEFAULT_MAX_INPUT_CHARS = 10_000
 # Sources are padded to a multiple of this many tokens, so that a
 # jit-compiled search sees a bounded number of shapes.
 SOURCE_LENGTH_GRANULARITY = 8
@@ -98,6 +109,8 @@ class Translator(tf.Module):
         max_output_length: the most tokens generated for any input; defaults
             to `model.config.max_positions` with learned positions, else
             `max_input_length + extra_length`.
+        max_batch_size: the most sentences (or id rows) a request may hold.
+        max_input_chars: the most characters a request's sentence may have.
         jit_compile: compile each search with XLA. Sources are padded to a
             multiple of 8 tokens and batches to a power of two, so each
             (batch, length, extra_length) bucket compiles once.
@@ -133,6 +146,8 @@ class Translator(tf.Module):
         *,
         beam_sizes=DEFAULT_BEAM_SIZES,
         max_output_length=None,
+        max_batch_size=DEFAULT_MAX_BATCH_SIZE,
+        max_input_chars=DEFAULT_MAX_INPUT_CHARS,
         jit_compile=False,
         use_cache=True,
         ignore_eos=False,
@@ -191,6 +206,8 @@ class Translator(tf.Module):
         self.beam_sizes = beam_sizes
         self.max_input_length = max_input_length
         self.max_output_length = max_output_length
+        self.max_batch_size = positive_int("max_batch_size", max_batch_size)
+        self.max_input_chars = positive_int("max_input_chars", max_input_chars)
         self.jit_compile = bool(jit_compile)
         self.use_cache = bool(use_cache)
         self.ignore_eos = bool(ignore_eos)
@@ -241,6 +258,8 @@ class Translator(tf.Module):
             "beam_sizes": list(self.beam_sizes),
             "max_input_length": self.max_input_length,
             "max_output_length": self.max_output_length,
+            "max_batch_size": self.max_batch_size,
+            "max_input_chars": self.max_input_chars,
             "jit_compile": self.jit_compile,
             "use_cache": self.use_cache,
             "ignore_eos": self.ignore_eos,
@@ -291,6 +310,7 @@ class Translator(tf.Module):
     def _translate_ids(self, ids, beam_size, alpha, extra_length):
         """Ids in, ids out: `{"ids": (B, T), "score": (B,)}`, without BOS/EOS."""
         vocab_size = self.model.config.vocab_size
+        ids = self._within_batch_limit(ids)
         tf.debugging.assert_greater_equal(
             ids, 0, message="translate_ids: ids must be >= 0 (0 is padding)"
         )
@@ -313,7 +333,26 @@ class Translator(tf.Module):
 
     # Pipeline ----------------------------------------------------------------
 
+    def _within_batch_limit(self, inputs):
+        """`inputs`, once their batch is known to be within `max_batch_size`."""
+        check = tf.debugging.assert_less_equal(
+            tf.shape(inputs)[0], self.max_batch_size,
+            message=f"the request holds more than max_batch_size={self.max_batch_size} "
+                    "sentences (a limit set at export); split it. Sentences received:")
+        with tf.control_dependencies([check]):
+            return tf.identity(inputs)
+
     def _search_text(self, text, beam_size, alpha, extra_length):
+        # The limits first: nothing else runs on a request over them.
+        text = self._within_batch_limit(text)
+        longest = tf.reduce_max(  # 0 for an empty batch
+            tf.concat([tf.strings.length(text, unit="UTF8_CHAR"), [0]], axis=0))
+        check = tf.debugging.assert_less_equal(
+            longest, self.max_input_chars,
+            message=f"a sentence of the request is longer than max_input_chars="
+                    f"{self.max_input_chars} characters (a limit set at export). Longest:")
+        with tf.control_dependencies([check]):
+            text = tf.identity(text)
         # Sentencepiece would replace invalid bytes too; doing it here makes
         # the behaviour ours, whatever the tokenizer does.
         text = tf.strings.unicode_transcode(
@@ -335,6 +374,8 @@ class Translator(tf.Module):
             extra_length, message="extra_length must be >= 0; received"
         )
         tf.debugging.assert_all_finite(alpha, message="alpha must be finite; received")
+        # No more than the output limit, so that adding lengths cannot overflow.
+        extra_length = tf.minimum(extra_length, self.max_output_length)
         tokens = tf.cast(tokens, tf.int32)[:, : self.max_input_length]
         lengths = tf.cast(tokens.row_lengths(), tf.int32)  # (B,)
         batch_size = tf.shape(lengths)[0]

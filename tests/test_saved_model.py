@@ -137,3 +137,47 @@ def test_existing_version_is_not_overwritten(export_path, translator):
     base, version = os.path.split(export_path)
     with pytest.raises(saved_model.ExportError, match="exists already"):
         saved_model.export_translator(translator, base, int(version), check=False)
+
+
+@pytest.mark.slow
+def test_request_limits_are_refused_before_any_work(tmp_path, model, tokenizer):
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    limited = serving.Translator(model, tokenizer, extra_length=EXTRA_LENGTH, beam_sizes=(1, 4),
+                                 max_batch_size=4, max_input_chars=40)
+    with pytest.raises(ValueError, match="warm-up sentences must fit the request limits"):
+        saved_model.export_translator(limited, str(tmp_path / "x"), warmup_texts=["a" * 41])
+    export_dir = str(tmp_path / "limited")
+    path = saved_model.export_translator(limited, export_dir, warmup_texts=["Hello.", "Hi."])
+    with open(os.path.join(path, "assets.extra", "config.json")) as f:
+        settings = json.load(f)["translator"]
+    assert (settings["max_batch_size"], settings["max_input_chars"]) == (4, 40)
+
+    loaded = tf.saved_model.load(path)
+    serve = loaded.signatures["serving_default"]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_batch_size=4"):
+        serve(text=tf.constant(["Hello."] * 5))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_batch_size=4"):
+        loaded.translate_ids(tf.constant([[5, 6]] * 5))
+    for text in ["é" * 41, "word " * 1_000_000]:  # characters, not bytes; 5 MB
+        with pytest.raises(tf.errors.InvalidArgumentError, match="max_input_chars=40"):
+            serve(text=tf.constant(["Hello.", text]))
+    within = tf.constant(["é" * 40, "Hello."])  # 80 bytes, 40 characters: accepted
+    assert _strings(serve(text=within)["translation"]) == _strings(
+        limited.translate(within)["translation"])
+    # extra_length is clamped to the output limit instead of overflowing int32.
+    huge = loaded.translate(tf.constant(["Hello."]), extra_length=tf.constant(2_000_000_000))
+    capped = limited.translate(tf.constant(["Hello."]),
+                               extra_length=tf.constant(limited.max_output_length))
+    assert _strings(huge["translation"]) == _strings(capped["translation"])
+
+    config_path, batching_path = saved_model.write_model_server_files(export_dir, limited)
+    config = text_format.Parse(open(config_path).read(),
+                               model_server_config_pb2.ModelServerConfig())
+    [entry] = config.model_config_list.config
+    assert (entry.name, entry.base_path, entry.model_platform) == (
+        "limited", "/models/limited", "tensorflow")
+    batching = open(batching_path).read()
+    assert "max_batch_size { value: 4 }" in batching
+    assert saved_model.next_version(export_dir) == 2  # the server ignores the two files
