@@ -22,7 +22,11 @@ seconds. `cached_speedup` is uncached seconds over cached (graph) seconds.
 cross-attention projections (once per batch), one cached decoder step with its
 output projection, the output projection alone, and the top-k over the beam's
 candidates; `flops_per_step` and `achieved_gflops` set the step against the
-machine's arithmetic.
+machine's arithmetic. `mfu` is each variant's model FLOPs utilization: the
+matrix-multiply FLOPs a cached search needs (`decode_flops`) over its seconds,
+against the square-matmul peak measured in the same run, with XLA for the XLA
+variant and TensorFlow's own kernels for the others (the uncached variant does
+more arithmetic than it is credited with).
 """
 
 import argparse
@@ -47,6 +51,7 @@ from keras_transformer import saved_model  # noqa: E402
 from keras_transformer import serving  # noqa: E402
 from keras_transformer.data import BOS_ID  # noqa: E402
 from machine import cpu_flags  # noqa: E402
+from machine import matmul_peak  # noqa: E402
 
 
 def parse_args(argv):
@@ -98,6 +103,22 @@ def translator_for(model, args, variant):
         use_cache=variant != "uncached",
         ignore_eos=forced,
     )
+
+
+def decode_flops(config, batch_size, source_length, beam_size, steps):
+    """Matrix-multiply FLOPs (2 per multiply-add) of one cached beam search that
+    runs `steps` steps: the encoder and the cross-attention keys and values once
+    per source, then per step and hypothesis, each decoder layer's projections,
+    feed-forward network and attention over the cache and the source, and the
+    output projection."""
+    d, d_ff, layers = config.d_model, config.d_ff, config.num_layers
+    source_tokens = batch_size * source_length
+    encoder = source_tokens * layers * (4 * d * d + 2 * d * d_ff + 2 * source_length * d)
+    cross_keys_values = source_tokens * layers * 2 * d * d
+    rows = batch_size * beam_size
+    per_step = rows * (layers * (6 * d * d + 2 * d * d_ff + 2 * d * (steps + source_length))
+                       + d * config.vocab_size)
+    return 2 * (encoder + cross_keys_values + steps * per_step)
 
 
 def time_export(model, args, variant, source_ids, directory):
@@ -205,6 +226,8 @@ def profile_step(model, args, source_ids):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     load_before = os.getloadavg()[0]
+    peaks = {"graph": matmul_peak("float32", jit_compile=False),
+             "xla": matmul_peak("float32", jit_compile=True)}
     model = build_model(args)
     rng = np.random.default_rng(0)
     source_ids = tf.constant(
@@ -228,10 +251,17 @@ def main(argv=None):
             "load_average_before": round(load_before, 2),
         },
     }
+    result["machine"]["matmul_peak_flops"] = {path: round(peak) for path, peak in peaks.items()}
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     with tempfile.TemporaryDirectory() as directory:
         for variant in variants:
             result[variant] = time_export(model, args, variant, source_ids, directory)
+            steps = result[variant]["output_length"] if not args.forced_steps else args.forced_steps
+            flops = decode_flops(model.config, args.batch_size, args.source_length,
+                                 args.beam_size, steps)
+            result[variant]["flops_per_batch"] = flops
+            result[variant]["mfu"] = round(
+                flops / result[variant]["seconds_per_batch"] / peaks.get(variant, peaks["graph"]), 4)
             print(f"{variant}: {result[variant]}", file=sys.stderr)
     if "graph" in result and "uncached" in result:
         result["cached_speedup"] = round(

@@ -3,6 +3,7 @@ between runs on the same CPU, and bfloat16 speed depends on its extensions."""
 
 import os
 import platform
+import time
 
 
 def cpu_flags():
@@ -27,3 +28,20 @@ def cpu_flags():
         "amx": any(flag.startswith("amx") for flag in flags),
         "amx_flags": sorted(flag for flag in flags if flag.startswith("amx")),
     }
+
+
+def matmul_peak(dtype, jit_compile=True, size=2048, repeats=10):
+    """FLOP/s of a square matrix multiply, with XLA or TensorFlow's own kernels
+    (oneDNN on a CPU), the best of a few runs."""
+    import tensorflow as tf
+
+    a = tf.random.normal((size, size), dtype=tf.float32)
+    a = tf.cast(a, dtype)
+    multiply = tf.function(lambda x: tf.matmul(x, x), jit_compile=jit_compile)
+    multiply(a).numpy()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        multiply(a).numpy()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best

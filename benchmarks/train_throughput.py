@@ -32,6 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 from machine import cpu_flags  # noqa: E402
+from machine import matmul_peak  # noqa: E402
 
 
 def forward_flops(config, batch_size, source_length, target_length):
@@ -51,23 +52,6 @@ def forward_flops(config, batch_size, source_length, target_length):
                + target_tokens * feed_forward)
     logits = 2 * target_tokens * d * config.vocab_size
     return config.num_layers * (encoder + decoder) + logits
-
-
-def matmul_peak(dtype, jit_compile=True, size=2048, repeats=10):
-    """FLOP/s of a square matrix multiply, with XLA or TensorFlow's own kernels
-    (oneDNN on a CPU), the best of a few runs."""
-    import tensorflow as tf
-
-    a = tf.random.normal((size, size), dtype=tf.float32)
-    a = tf.cast(a, dtype)
-    multiply = tf.function(lambda x: tf.matmul(x, x), jit_compile=jit_compile)
-    multiply(a).numpy()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        multiply(a).numpy()
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
 
 
 def build_ours(config):

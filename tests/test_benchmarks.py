@@ -107,3 +107,43 @@ def test_resume_time_prints_json():
         assert 0 < first <= report[side]["process_seconds"][0]
     assert report["far_over_near"] > 0 and "stream_skip_seconds" not in report
     assert "avx512_bf16" in report["machine"]
+
+
+@pytest.mark.slow
+def test_decode_throughput_prints_json():
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "decode_throughput.py"),
+               "--preset", "tiny", "--vocab-size", "2000", "--batch-size", "2",
+               "--source-length", "8", "--forced-steps", "12",
+               "--repeats", "1", "--uncached-repeats", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900,
+                            env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["config"]["forced_steps"] == 12 and report["config"]["batch_size"] == 2
+    assert set(report["machine"]["matmul_peak_flops"]) == {"graph", "xla"}
+    for variant in ("graph", "xla", "uncached"):
+        measured = report[variant]
+        assert measured["output_length"] == 12  # EOS ignored: every search runs 12 steps
+        assert measured["generated_tokens"] == 2 * 12
+        assert 0 < measured["mfu"] < 1
+        # (seconds_per_batch is rounded to milliseconds; a tiny model's are few)
+        assert measured["sentences_per_second"] == pytest.approx(
+            2 / measured["seconds_per_batch"], rel=0.2)
+    assert report["cached_speedup"] > 0 and report["xla_speedup"] > 0
+    assert 0 < report["profile"]["output_projection_share_of_step"] < 1
+
+
+@pytest.mark.slow
+def test_input_pipeline_prints_json():
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "input_pipeline.py"),
+               "--split", "dev", "--vocab-size", "600", "--epochs", "2",
+               "--tokens-per-batch", "2000", "--max-sentence-tokens", "64", "--deterministic"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900,
+                            env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["corpus"] == "bundled/dev" and report["pairs"] == 1583
+    assert report["pairs_batched"] + report["pairs_too_long"] == report["pairs"]
+    assert 0 < report["padding_fraction"] < 1 and 0 <= report["filler_row_fraction"] < 1
+    assert report["tokens_per_second"] > 0 and report["settings"]["epochs"] == 2
+    assert "avx512_bf16" in report["machine"]
