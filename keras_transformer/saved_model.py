@@ -21,7 +21,8 @@ import tensorflow as tf
 from keras_transformer.durable import write_atomically
 from keras_transformer.serving import positive_int
 
-SIGNATURES = ("serving_default", "translate", "translate_ids", "translate_nbest")
+SIGNATURES = ("serving_default", "score", "translate", "translate_aligned", "translate_ids",
+              "translate_nbest")
 CONFIG_FILENAME = "config.json"
 WARMUP_FILENAME = "tf_serving_warmup_requests"
 MODELS_CONFIG_FILENAME = "models.config"
@@ -203,6 +204,8 @@ def write_warmup_requests(path, texts, ids_only=False):
             ("serving_default", {"text": texts}),
             ("translate", {"text": texts}),
             ("translate_nbest", {"text": texts}),
+            ("translate_aligned", {"text": texts}),
+            ("score", {"source": texts, "target": texts}),
             ("translate_ids", {"ids": ids}),
         ]
     with tf.io.TFRecordWriter(path) as writer:

@@ -17,6 +17,17 @@ signatures:
 | `translate`       | `text`, optional `beam_size`, `alpha`, `extra_length` | as `serving_default`   |
 | `translate_nbest` | as `translate`                           | `translations` string (B, K), `scores` float32 (B, K) |
 | `translate_ids`   | `ids` int32 (B, S), optional knobs       | `ids` int32 (B, T), `score` float32 (B,) |
+| `translate_aligned` | as `translate`                         | as `translate`, and the best translation's `target_tokens`, `alignment`, `source_tokens` |
+| `score`           | `source`, `target` string (B,)           | `log_prob` (B,), `token_log_probs` (B, T), `target_tokens`, `alignment` (B, T), `source_tokens` (B, S) |
+
+`score` is forced decoding: log P(target | source), the sum of the log
+probabilities of the target's pieces and the end-of-sequence token (no length
+penalty), and each of them; `target_tokens` are the pieces scored (string
+(B, T), "" after the end). `alignment` gives, for each of them, the index into
+`source_tokens` (string (B, S)) of the source piece the last decoder layer's
+cross-attention (averaged over heads) weighs most while predicting it; -1 after
+the end. `translate_aligned` aligns the beam search's best output the same way,
+from the ids it generated.
 
 Optional inputs: the knobs are scalar inputs with defaults recorded in the
 SignatureDef (`SignatureDef.defaults`; the placeholders are
@@ -80,6 +91,8 @@ DEFAULT_MAX_INPUT_CHARS = 10_000
 # jit-compiled search sees a bounded number of shapes.
 SOURCE_LENGTH_GRANULARITY = 8
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
+SOURCE_SPEC = tf.TensorSpec([None], tf.string, name="source")
+TARGET_SPEC = tf.TensorSpec([None], tf.string, name="target")
 IDS_SPEC = tf.TensorSpec([None, None], tf.int32, name="ids")
 # The decoding settings a caller may give, after the text or ids.
 KNOB_SPECS = (
@@ -223,6 +236,9 @@ class Translator(tf.Module):
             return
         self.translate = self._with_knobs(self._translate, TEXT_SPEC)
         self.translate_nbest = self._with_knobs(self._translate_nbest, TEXT_SPEC)
+        self.translate_aligned = self._with_knobs(self._translate_aligned, TEXT_SPEC)
+        self.score = tf.function(self._score, input_signature=[SOURCE_SPEC, TARGET_SPEC],
+                                 autograph=False)
         # The paper's settings, text only: the REST-friendly signature.
         self.serve = tf.function(lambda text: self.translate(text),
                                  input_signature=[TEXT_SPEC], autograph=False)
@@ -247,6 +263,8 @@ class Translator(tf.Module):
             "translate": self.translate,
             "translate_ids": self.translate_ids,
             "translate_nbest": self.translate_nbest,
+            "translate_aligned": self.translate_aligned,
+            "score": self.score,
         }
 
     def settings(self):
@@ -307,6 +325,65 @@ class Translator(tf.Module):
             "scores": tf.where(empty, tf.where(first, 0.0, float("-inf")), scores),
         }
 
+    def _translate_aligned(self, text, beam_size, alpha, extra_length):
+        """The best translation, its score, and each of its pieces' source piece."""
+        tokens = self._tokens(text)
+        ids, scores, lengths = self._search(tokens, beam_size, alpha, extra_length)
+        best = ids[:, 0]  # (B, T): the pieces, EOS, padding
+        outputs = self._forced(tokens, best)
+        empty = tf.equal(lengths, 0)
+        return {
+            "translation": tf.where(empty, "", self._detokenize(best)),
+            "score": tf.where(empty, 0.0, scores[:, 0]),
+            "target_tokens": outputs["target_tokens"],
+            "alignment": outputs["alignment"],
+            "source_tokens": outputs["source_tokens"],
+        }
+
+    def _score(self, source, target):
+        """Forced decoding: log P(target | source), per sentence and per piece."""
+        source_tokens = self._tokens(source)
+        target_ids = tf.cast(self._tokens(target), tf.int32)
+        # The pieces to predict: the target's, then EOS (it ends the sentence).
+        predicted = tf.concat(
+            [target_ids, tf.fill([target_ids.nrows(), 1], EOS_ID)], axis=1).to_tensor(PAD_ID)
+        tf.debugging.assert_equal(
+            tf.shape(source_tokens.row_lengths()), tf.shape(target_ids.row_lengths()),
+            message="score: source and target must hold as many sentences")
+        return self._forced(source_tokens, predicted)
+
+    def _forced(self, source_tokens, predicted):
+        """Teacher-forces `predicted` (B, T) ids (EOS included, padded with 0)
+        after ragged source tokens; see `score` for the outputs."""
+        source_ids = tf.cast(source_tokens, tf.int32)[:, : self.max_input_length].to_tensor(
+            PAD_ID)  # (B, S)
+        source_ids = tf.pad(source_ids, [[0, 0], [0, tf.maximum(1 - tf.shape(source_ids)[1], 0)]])
+        real = tf.not_equal(predicted, PAD_ID)  # (B, T)
+        lengths = tf.reduce_sum(tf.cast(real, tf.int32), axis=1)
+        decoder_inputs = tf.concat(
+            [tf.fill([tf.shape(predicted)[0], 1], BOS_ID), predicted[:, :-1]], axis=1)
+        decoder_inputs = tf.where(tf.sequence_mask(lengths, tf.shape(predicted)[1]),
+                                  decoder_inputs, PAD_ID)
+        memory = self.model.initial_cache(source_ids)
+        logits, weights = self.model.decode(decoder_inputs, memory,
+                                            return_attention_scores=True, training=False)
+        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))  # (B, T, V)
+        token_log_probs = tf.where(real, tf.gather(log_probs, predicted, batch_dims=2), 0.0)
+        attention = tf.reduce_mean(
+            tf.cast(weights[-1]["cross_attention"], tf.float32), axis=1)  # (B, T, S)
+        alignment = tf.where(real, tf.argmax(attention, axis=-1, output_type=tf.int32), -1)
+        source_real = tf.not_equal(source_ids, PAD_ID)
+        return {
+            "log_prob": tf.reduce_sum(token_log_probs, axis=1),
+            "token_log_probs": token_log_probs,
+            "target_tokens": tf.where(real, self._pieces(predicted), ""),
+            "alignment": alignment,
+            "source_tokens": tf.where(source_real, self._pieces(source_ids), ""),
+        }
+
+    def _pieces(self, ids):
+        return self.tokenizer.id_to_token(ids)
+
     def _translate_ids(self, ids, beam_size, alpha, extra_length):
         """Ids in, ids out: `{"ids": (B, T), "score": (B,)}`, without BOS/EOS."""
         vocab_size = self.model.config.vocab_size
@@ -343,6 +420,11 @@ class Translator(tf.Module):
             return tf.identity(inputs)
 
     def _search_text(self, text, beam_size, alpha, extra_length):
+        return self._search(self._tokens(text), beam_size, alpha, extra_length)
+
+    def _tokens(self, text):
+        """Ragged subword ids `(B, None)` of a request's text, once it is within
+        the limits."""
         # The limits first: nothing else runs on a request over them.
         text = self._within_batch_limit(text)
         longest = tf.reduce_max(  # 0 for an empty batch
@@ -362,7 +444,7 @@ class Translator(tf.Module):
         # none at the ends, as in the training text: whitespace-only is empty.
         text = tf.strings.regex_replace(text, r"[\s\pZ]+", " ")
         text = tf.strings.regex_replace(text, r"^ | $", "")
-        return self._search(self.tokenizer.tokenize(text), beam_size, alpha, extra_length)
+        return self.tokenizer.tokenize(text)
 
     def _search(self, tokens, beam_size, alpha, extra_length):
         """Beam search over ragged source tokens `(B, None)`.

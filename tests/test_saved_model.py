@@ -122,13 +122,20 @@ def test_saved_model_cli_lists_the_signatures(export_path):
 @pytest.mark.slow
 def test_warmup_requests_cover_every_signature(export_path):
     path = os.path.join(export_path, "assets.extra", saved_model.WARMUP_FILENAME)
+    loaded = tf.saved_model.load(export_path)
     signatures = []
     for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
         log = prediction_log_pb2.PredictionLog.FromString(record)
         request = log.predict_log.request
-        signatures.append(request.model_spec.signature_name)
-        assert set(request.inputs) <= {"text", "ids"}
-        assert tf.make_ndarray(next(iter(request.inputs.values()))).shape[0] >= 1
+        name = request.model_spec.signature_name
+        signatures.append(name)
+        inputs = {key: tf.constant(tf.make_ndarray(value)) for key, value in request.inputs.items()}
+        assert all(value.shape[0] >= 1 for value in inputs.values())
+        # Replayed as the server would (the knobs left to their defaults): it answers.
+        function = loaded.signatures[name] if name == "serving_default" else getattr(loaded, name)
+        outputs = function(**inputs)
+        assert all(value.shape[0] == len(next(iter(inputs.values())))
+                   for value in outputs.values())
     assert sorted(signatures) == sorted(saved_model.SIGNATURES)
 
 
@@ -181,3 +188,20 @@ def test_request_limits_are_refused_before_any_work(tmp_path, model, tokenizer):
     batching = open(batching_path).read()
     assert "max_batch_size { value: 4 }" in batching
     assert saved_model.next_version(export_dir) == 2  # the server ignores the two files
+
+
+@pytest.mark.slow
+def test_reloaded_score_and_alignments_equal_the_translators(export_path, translator):
+    loaded = tf.saved_model.load(export_path)
+    sources, targets = tf.constant(SENTENCES[:2]), tf.constant(["En el principio.", ""])
+    got = loaded.signatures["score"](source=sources, target=targets)
+    want = translator.score(sources, targets)
+    np.testing.assert_allclose(got["token_log_probs"], want["token_log_probs"], atol=1e-5)
+    np.testing.assert_array_equal(got["alignment"], want["alignment"])
+    assert _strings(got["source_tokens"][0]) == _strings(want["source_tokens"][0])
+    aligned = loaded.signatures["translate_aligned"](
+        text=sources, beam_size=tf.constant(4), alpha=tf.constant(0.6),
+        extra_length=tf.constant(EXTRA_LENGTH))
+    expected = translator.translate_aligned(sources)
+    assert _strings(aligned["translation"]) == _strings(expected["translation"])
+    np.testing.assert_array_equal(aligned["alignment"], expected["alignment"])

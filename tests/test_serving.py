@@ -242,3 +242,63 @@ def test_xla_search_equals_graph_search(model, tokenizer, translator):
     fast, reference = compiled.translate(texts), translator.translate(texts)
     assert _strings(fast["translation"]) == _strings(reference["translation"])
     np.testing.assert_allclose(fast["score"], reference["score"], atol=1e-4)
+
+
+# Scoring and alignments ------------------------------------------------------------
+
+
+def teacher_forced_log_probs(model, tokenizer, sources, targets):
+    """Per-piece log P (target pieces, then EOS) from the model's own functional
+    call on padded, truncated ids, in numpy."""
+    source = tokenizer.tokenize(tf.constant(sources))[:, :MAX_INPUT_LENGTH].to_tensor().numpy()
+    rows = [row for row in tokenizer.tokenize(tf.constant(targets)).to_list()]
+    length = max(len(row) for row in rows) + 1
+    decoder_inputs = np.zeros((len(rows), length), "int32")
+    predicted = np.zeros((len(rows), length), "int32")
+    for i, row in enumerate(rows):
+        decoder_inputs[i, :len(row) + 1] = [BOS_ID] + row
+        predicted[i, :len(row) + 1] = row + [EOS_ID]
+    logits = model({"encoder_inputs": source, "decoder_inputs": decoder_inputs},
+                   training=False).numpy().astype("float64")
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    picked = np.take_along_axis(log_probs, predicted[..., None], -1)[..., 0]
+    return np.where(predicted != 0, picked, 0.0), source, decoder_inputs
+
+
+def test_score_is_the_teacher_forced_log_probability(translator, model, tokenizer):
+    from keras_transformer import visualize
+
+    sources = [SENTENCES[0], SENTENCES[1] + " " + SENTENCES[0], SENTENCES[2]]
+    targets = ["En el principio.", "Y lloró Jesús.", ""]
+    outputs = translator.score(tf.constant(sources), tf.constant(targets))
+    expected, source, decoder_inputs = teacher_forced_log_probs(model, tokenizer, sources,
+                                                                targets)
+    token_log_probs = outputs["token_log_probs"].numpy()
+    np.testing.assert_allclose(token_log_probs[:, :expected.shape[1]], expected, atol=1e-5)
+    np.testing.assert_allclose(outputs["log_prob"], expected.sum(axis=1), rtol=1e-5)
+    assert _strings(outputs["target_tokens"][2][:1]) == ["</s>"]  # "" is just the end
+    # The alignment: argmax over the source of the last layer's cross-attention,
+    # averaged over heads, from the decoder pass visualize.py draws.
+    weights = visualize.decoder_attention(model, source, decoder_inputs)[1][-1]
+    attention = weights["cross_attention"].numpy().mean(axis=1)  # (B, T, S)
+    real = expected != 0
+    alignment = outputs["alignment"].numpy()[:, :expected.shape[1]]
+    np.testing.assert_array_equal(alignment[real], attention.argmax(-1)[real])
+    assert (alignment[~real] == -1).all()
+    pieces = outputs["source_tokens"].numpy()
+    assert all(b"" != pieces[row, index] for row, index in zip(*np.nonzero(real))
+               for index in [alignment[row, index]])
+
+
+def test_translate_aligned_aligns_the_best_translation(translator):
+    texts = tf.constant(SENTENCES[:3] + [""])
+    aligned = translator.translate_aligned(texts)
+    plain = translator.translate(texts)
+    assert _strings(aligned["translation"]) == _strings(plain["translation"])
+    np.testing.assert_allclose(aligned["score"], plain["score"], atol=1e-5)
+    # Each output piece (EOS last, unless the length limit cut it) points into the source.
+    for row, text in enumerate(_strings(aligned["translation"])[:3]):
+        pieces = [p for p in _strings(aligned["target_tokens"][row]) if p]
+        assert pieces[-1] == "</s>" or len(pieces) == aligned["alignment"].shape[1]
+        assert (aligned["alignment"][row].numpy()[:len(pieces)] >= 0).all()
