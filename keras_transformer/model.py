@@ -116,11 +116,14 @@ class Transformer(MultiWorkerModel):
 
     # Encoder and decoder passes ---------------------------------------------
 
-    def encode(self, encoder_inputs, training=False):
-        """Encoder output `(B, S, d_model)` for source ids `(B, S)`."""
+    def encode(self, encoder_inputs, training=False, return_attention_scores=False):
+        """Encoder output `(B, S, d_model)` for source ids `(B, S)`; with
+        `return_attention_scores`, `(outputs, weights)`, the weights a list of
+        every encoder layer's self-attention `(B, h, S, S)`."""
         encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
         padding_mask = ops.not_equal(encoder_inputs, PAD_ID)
-        return self._encode(encoder_inputs, padding_mask, training=training)
+        return self._encode(encoder_inputs, padding_mask, training=training,
+                            return_attention_scores=return_attention_scores)
 
     def decode(self, decoder_inputs, memory, *, step=None, return_attention_scores=False,
                training=None):
@@ -268,12 +271,18 @@ class Transformer(MultiWorkerModel):
         x = ops.add(x, position(x, start_index=start_index))
         return dropout(x, training=training)
 
-    def _encode(self, encoder_inputs, padding_mask, training=None):
+    def _encode(self, encoder_inputs, padding_mask, training=None, return_attention_scores=False):
         x = self._embed(encoder_inputs, self.encoder_position, self.encoder_dropout,
                         training=training)
+        weights = []
         for layer in self.encoder_layers:
-            x = layer(x, padding_mask=padding_mask, training=training)
-        return x if self.encoder_norm is None else self.encoder_norm(x)
+            x = layer(x, padding_mask=padding_mask, training=training,
+                      return_attention_scores=return_attention_scores)
+            if return_attention_scores:
+                x, layer_weights = x
+                weights.append(layer_weights)
+        x = x if self.encoder_norm is None else self.encoder_norm(x)
+        return (x, weights) if return_attention_scores else x
 
     def _logits(self, x):
         if self.decoder_norm is not None:

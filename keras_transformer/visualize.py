@@ -1,7 +1,10 @@
-"""Cross-attention heatmaps, one panel per head, like the paper's appendix figures.
+"""Attention heatmaps, one panel per head, like the paper's appendix figures.
 
     weights = cross_attention_weights(model, tokenizer, "In the beginning.", "En el principio.")
-    plot_cross_attention(weights, "attention.png")
+    plot_attention(weights, "cross.png")
+    # The appendix's figures: encoder self-attention in layer 5 of 6.
+    plot_attention(encoder_self_attention_weights(model, tokenizer, "It is in this spirit.",
+                                                  layer=4), "self.png")
 
 Needs matplotlib (`pip install matplotlib`, or the package's `plot` extra); the
 weights themselves need only the model.
@@ -19,20 +22,24 @@ from keras_transformer.token_ids import EOS_ID
 
 @dataclasses.dataclass
 class AttentionWeights:
-    """Cross-attention weights of one sentence pair in one decoder layer.
+    """The attention weights of one sentence (pair) in one layer.
 
     Attributes:
-        weights: float32 `(h, T, S)`: row t is what the decoder attends to in
-            the source while predicting target token t; each row sums to 1.
-        source_tokens: the S source subword pieces.
-        target_tokens: the T predicted pieces, the end-of-sequence token last.
-        layer: the decoder layer's index.
+        weights: float32 `(h, Q, K)`: row q is how query position q spreads its
+            attention over the K key positions; each row sums to 1.
+        query_tokens: the Q pieces of the rows: the predicted target pieces
+            (end-of-sequence last) for cross-attention, the source's for
+            encoder self-attention.
+        key_tokens: the K pieces attended to: the source's.
+        layer: the layer's index.
+        kind: "cross-attention" or "encoder self-attention".
     """
 
     weights: np.ndarray
-    source_tokens: list
-    target_tokens: list
+    query_tokens: list
+    key_tokens: list
     layer: int
+    kind: str = "cross-attention"
 
 
 def cross_attention_weights(model, tokenizer, source, target=None, *, layer=-1,
@@ -54,13 +61,7 @@ def cross_attention_weights(model, tokenizer, source, target=None, *, layer=-1,
     Returns:
         An `AttentionWeights`.
     """
-    num_layers = len(model.decoder_layers)
-    if not -num_layers <= layer < num_layers:
-        raise ValueError(
-            f"layer must be in [{-num_layers}, {num_layers - 1}] for a model with "
-            f"{num_layers} decoder layers. Received: layer={layer}"
-        )
-    layer %= num_layers
+    layer = _layer_index(layer, len(model.decoder_layers))
     if target is None:
         if translator is None:
             translator = serving.Translator(model, tokenizer, beam_sizes=(4,))
@@ -78,10 +79,46 @@ def cross_attention_weights(model, tokenizer, source, target=None, *, layer=-1,
     weights = decoder_attention(model, source_ids, decoder_inputs)[1][layer]
     return AttentionWeights(
         weights=weights["cross_attention"][0].numpy(),  # (h, T, S)
-        source_tokens=_pieces(tokenizer, source_ids[0]),
-        target_tokens=_pieces(tokenizer, predicted[0]),
+        query_tokens=_pieces(tokenizer, predicted[0]),
+        key_tokens=_pieces(tokenizer, source_ids[0]),
         layer=layer,
     )
+
+
+def encoder_self_attention_weights(model, tokenizer, source, *, layer=-1, max_input_length=None):
+    """One encoder layer's self-attention over `source` (the paper's appendix
+    figures show layer 5 of 6).
+
+    Args:
+        model: a `keras_transformer.Transformer`.
+        tokenizer: its `SubwordTokenizer`.
+        source: the source sentence (str).
+        layer: index of the encoder layer (-1, the last, by default).
+        max_input_length: sources are truncated to this many tokens (default:
+            the model's `max_positions`).
+
+    Returns:
+        An `AttentionWeights` of kind "encoder self-attention", `(h, S, S)`.
+    """
+    layer = _layer_index(layer, len(model.encoder_layers))
+    max_input_length = max_input_length or model.config.max_positions
+    source_ids = tokenizer.tokenize(tf.constant([source]))[:, :max_input_length]
+    source_ids = tf.cast(source_ids.to_tensor(), tf.int32)  # (1, S)
+    if source_ids.shape[1] == 0:
+        raise ValueError("the source has no tokens: nothing to attend to")
+    weights = model.encode(source_ids, return_attention_scores=True)[1][layer]
+    pieces = _pieces(tokenizer, source_ids[0])
+    return AttentionWeights(weights=weights[0].numpy(), query_tokens=pieces, key_tokens=pieces,
+                            layer=layer, kind="encoder self-attention")
+
+
+def _layer_index(layer, num_layers):
+    if not -num_layers <= layer < num_layers:
+        raise ValueError(
+            f"layer must be in [{-num_layers}, {num_layers - 1}] for a model with "
+            f"{num_layers} layers. Received: layer={layer}"
+        )
+    return layer % num_layers
 
 
 def decoder_attention(model, encoder_inputs, decoder_inputs):
@@ -100,8 +137,8 @@ def decoder_attention(model, encoder_inputs, decoder_inputs):
                         return_attention_scores=True, training=False)
 
 
-def plot_cross_attention(attention, path, *, title=None, columns=4, dpi=120):
-    """Draws one heatmap per head (source across, target down) into a PNG.
+def plot_attention(attention, path, *, title=None, columns=4, dpi=120):
+    """Draws one heatmap per head (keys across, queries down) into a PNG.
 
     Args:
         attention: an `AttentionWeights`.
@@ -120,12 +157,12 @@ def plot_cross_attention(attention, path, *, title=None, columns=4, dpi=120):
         from matplotlib import pyplot
     except ImportError as error:
         raise ImportError(
-            "plot_cross_attention needs matplotlib: pip install matplotlib "
+            "plot_attention needs matplotlib: pip install matplotlib "
             "(or pip install 'keras_transformer[plot]')"
         ) from error
 
     weights = attention.weights
-    num_heads, target_length, source_length = weights.shape
+    num_heads, target_length, source_length = weights.shape  # queries, keys
     columns = max(1, min(columns, num_heads))
     rows = -(-num_heads // columns)
     vmax = max(float(weights.max()), 1e-6)  # one scale for all heads
@@ -144,13 +181,14 @@ def plot_cross_attention(attention, path, *, title=None, columns=4, dpi=120):
                             aspect="auto", interpolation="nearest")
         axis.set_title(f"head {head + 1}")
         axis.set_xticks(range(source_length))
-        axis.set_xticklabels(attention.source_tokens, rotation=90, fontsize=8)
+        axis.set_xticklabels(attention.key_tokens, rotation=90, fontsize=8)
         axis.set_yticks(range(target_length))
-        axis.set_yticklabels(attention.target_tokens, fontsize=8)
+        axis.set_yticklabels(attention.query_tokens, fontsize=8)
         axis.set_xlabel("source")
-        axis.set_ylabel("target (predicted)")
+        axis.set_ylabel("target (predicted)" if attention.kind == "cross-attention" else "source")
     figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
-    figure.suptitle(title or f"Cross-attention, decoder layer {attention.layer + 1}")
+    where = "decoder" if attention.kind == "cross-attention" else "encoder"
+    figure.suptitle(title or f"{attention.kind.capitalize()}, {where} layer {attention.layer + 1}")
     figure.savefig(path, dpi=dpi)
     pyplot.close(figure)
     return path

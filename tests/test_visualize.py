@@ -1,4 +1,4 @@
-"""Tests for keras_transformer.visualize: cross-attention weights and heatmaps."""
+"""Tests for keras_transformer.visualize: attention weights and heatmaps."""
 
 import os
 
@@ -37,8 +37,8 @@ def test_weights_of_a_sentence_pair(tokenizer):
         model, tokenizer, SENTENCES[1], "La tierra estaba desordenada y vacía.", layer=0)
     h, t, s = attention.weights.shape
     assert h == model.config.num_heads
-    assert len(attention.source_tokens) == s and len(attention.target_tokens) == t
-    assert attention.target_tokens[-1] == "</s>" and attention.layer == 0
+    assert len(attention.key_tokens) == s and len(attention.query_tokens) == t
+    assert attention.query_tokens[-1] == "</s>" and attention.layer == 0
     with pytest.raises(ValueError, match="layer must be in"):
         visualize.cross_attention_weights(model, tokenizer, "a", "b", layer=5)
 
@@ -48,7 +48,36 @@ def test_heatmap_png(tokenizer, tmp_path):
     model = make_model(tokenizer.vocab_size)
     attention = visualize.cross_attention_weights(
         model, tokenizer, SENTENCES[3], "Y vio Dios la luz.")
-    path = visualize.plot_cross_attention(attention, str(tmp_path / "attention.png"))
-    with open(path, "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    assert os.path.getsize(path) > 10_000
+    for weights in (attention, visualize.encoder_self_attention_weights(
+            model, tokenizer, SENTENCES[3], layer=0)):
+        path = visualize.plot_attention(weights, str(tmp_path / f"{weights.kind}.png"))
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        assert os.path.getsize(path) > 10_000
+
+
+def test_encoder_self_attention_is_softmax_of_the_layers_queries_and_keys(tokenizer):
+    """Layer 0's weights against numpy from its own kernels: softmax(q k^T / sqrt(d_k))
+    over the embedded source (a post-norm layer attends to its input as it is)."""
+    model = make_model(tokenizer.vocab_size, dropout_rate=0.0)
+    attention = visualize.encoder_self_attention_weights(model, tokenizer, SENTENCES[0],
+                                                         layer=0)
+    ids = tokenizer.tokenize(tf.constant([SENTENCES[0]])).to_tensor()
+    x = model._embed(ids, model.encoder_position, model.encoder_dropout).numpy()[0]  # (S, d)
+    heads = model.encoder_layers[0]._self_attention
+    query = np.einsum("sd,dhk->shk", x, heads._query_dense.kernel.numpy()) + \
+        heads._query_dense.bias.numpy()
+    key = np.einsum("sd,dhk->shk", x, heads._key_dense.kernel.numpy()) + \
+        heads._key_dense.bias.numpy()
+    logits = np.einsum("qhk,shk->hqs", query, key) / np.sqrt(query.shape[-1])
+    expected = np.exp(logits - logits.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    np.testing.assert_allclose(attention.weights, expected, atol=1e-5)
+    assert attention.query_tokens == attention.key_tokens and len(attention.key_tokens) == len(x)
+    assert attention.kind == "encoder self-attention"
+    # Asking for the weights leaves the encoder's output as it was.
+    outputs, weights = model.encode(ids, return_attention_scores=True)
+    np.testing.assert_allclose(outputs, model.encode(ids), atol=1e-6)
+    assert len(weights) == model.config.num_layers
+    with pytest.raises(ValueError, match="layer must be in"):
+        visualize.encoder_self_attention_weights(model, tokenizer, "a", layer=9)
