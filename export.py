@@ -27,7 +27,13 @@ def parse_args(argv):
     )
     parser.add_argument("--run", required=True, help="the training run directory")
     parser.add_argument("--out", required=True,
-                        help="the export base directory (TF Serving's model_base_path)")
+                        help="the export base directory (TF Serving's model_base_path); "
+                             "with --format ctranslate2, the model directory (new)")
+    parser.add_argument("--format", choices=("savedmodel", "ctranslate2"), default="savedmodel",
+                        help="a SavedModel for TF Serving, or a CTranslate2 model with its "
+                             "sentencepiece model (needs pip install ctranslate2)")
+    parser.add_argument("--quantization", choices=("float32", "int8", "int8_float32", "int16"),
+                        default="float32", help="--format ctranslate2: the weights' type")
     parser.add_argument("--weights", choices=("averaged", "final"), default="averaged",
                         help="the run's averaged checkpoints (the paper's) or its final model")
     parser.add_argument("--version", type=int, default=None,
@@ -84,6 +90,8 @@ def main(argv=None):
 
     try:
         model, tokenizer, run_config = runs.load_run(args.run, args.weights)
+        if args.format == "ctranslate2":
+            return export_ctranslate2(model, tokenizer, args)
         translator = serving.Translator(
             model, None if args.ids_only else tokenizer, beam_size=args.beam_size, alpha=args.alpha,
             extra_length=args.extra_length, max_input_length=args.max_input_length,
@@ -112,6 +120,21 @@ def main(argv=None):
     print(f"  TF Serving: --model_config_file={os.path.basename(server_files[0])} "
           f"--enable_batching --batching_parameters_file={os.path.basename(server_files[1])} "
           f"(both in {args.out}; see README)")
+    return 0
+
+
+def export_ctranslate2(model, tokenizer, args):
+    try:
+        from keras_transformer import ctranslate2_model
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        print("export.py: --format ctranslate2 needs the ctranslate2 package: "
+              "pip install ctranslate2 (or the package's [ctranslate2] extra)", file=sys.stderr)
+        return 2
+    path = ctranslate2_model.export_ctranslate2(model, tokenizer, args.out, args.quantization)
+    print(f"export.py: wrote {path} (CTranslate2, {args.quantization})")
+    print(f"  from keras_transformer.ctranslate2_model import translate_ctranslate2; "
+          f"translate_ctranslate2({path!r}, sentences)")
     return 0
 
 

@@ -70,6 +70,9 @@ def parse_args(argv):
     parser.add_argument("--variants", default="graph,xla,uncached",
                         help="comma-separated subset of graph, xla, uncached")
     parser.add_argument("--no-profile", action="store_true", help="skip the step profile")
+    parser.add_argument("--compare-ctranslate2", action="store_true",
+                        help="also time the same weights in CTranslate2 (float32 and int8), "
+                             "same sources, beam and steps")
     parser.add_argument("--quick", action="store_true",
                         help="tiny config, vocabulary 8000, batch 8: a smoke check")
     args = parser.parse_args(argv)
@@ -103,6 +106,50 @@ def translator_for(model, args, variant):
         use_cache=variant != "uncached",
         ignore_eos=forced,
     )
+
+
+def time_ctranslate2(model, args, source_ids, directory, quantization):
+    """CTranslate2 on the same weights: sources as pieces of a made-up vocabulary
+    (ids are all it sees), exactly `forced_steps` steps (min = max decoding length)."""
+    import ctranslate2
+
+    from keras_transformer import ctranslate2_model
+
+    pieces = ["<pad>", "<unk>", "<s>", "</s>"] + [
+        f"t{i}" for i in range(4, model.config.vocab_size)]
+    spec = ctranslate2_model.transformer_spec(model, pieces)
+    spec.validate()
+    spec.optimize(quantization=None if quantization == "float32" else quantization)
+    path = os.path.join(directory, f"ct2-{quantization}")
+    os.makedirs(path)
+    spec.save(path)
+    translator = ctranslate2.Translator(path, device="cpu", inter_threads=1,
+                                        intra_threads=os.cpu_count())
+    sources = [[pieces[i] for i in row] for row in source_ids.numpy().tolist()]
+    steps = args.forced_steps or args.source_length + 50
+    options = dict(beam_size=args.beam_size, max_decoding_length=steps,
+                   min_decoding_length=steps if args.forced_steps else 0,
+                   max_batch_size=args.batch_size)
+    start = time.perf_counter()
+    results = translator.translate_batch(sources, **options)
+    first_call = time.perf_counter() - start
+    seconds = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        results = translator.translate_batch(sources, **options)
+        seconds.append(time.perf_counter() - start)
+    median = statistics.median(seconds)
+    tokens = sum(len(result.hypotheses[0]) for result in results)
+    return {
+        "seconds_per_batch": round(median, 3),
+        "all_seconds": [round(s, 3) for s in seconds],
+        "sentences_per_second": round(args.batch_size / median, 3),
+        "generated_tokens_per_second": round(tokens / median, 1),
+        "generated_tokens": tokens,
+        "output_length": max(len(result.hypotheses[0]) for result in results),
+        "first_call_seconds": round(first_call, 2),
+        "ctranslate2": ctranslate2.__version__,
+    }
 
 
 def decode_flops(config, batch_size, source_length, beam_size, steps):
@@ -263,6 +310,20 @@ def main(argv=None):
             result[variant]["mfu"] = round(
                 flops / result[variant]["seconds_per_batch"] / peaks.get(variant, peaks["graph"]), 4)
             print(f"{variant}: {result[variant]}", file=sys.stderr)
+        if args.compare_ctranslate2:
+            for quantization in ("float32", "int8"):
+                name = f"ctranslate2_{quantization}"
+                result[name] = time_ctranslate2(model, args, source_ids, directory, quantization)
+                print(f"{name}: {result[name]}", file=sys.stderr)
+            ours = {v: result[v]["seconds_per_batch"] for v in variants if v != "uncached"}
+            best = min(ours, key=ours.get)
+            result["over_ctranslate2"] = {
+                # > 1: ours is faster.
+                f"{v}_over_ctranslate2_float32": round(
+                    result["ctranslate2_float32"]["seconds_per_batch"] / seconds, 3)
+                for v, seconds in ours.items()}
+            result["over_ctranslate2"][f"best_ours_{best}_over_ctranslate2_int8"] = round(
+                result["ctranslate2_int8"]["seconds_per_batch"] / ours[best], 3)
     if "graph" in result and "uncached" in result:
         result["cached_speedup"] = round(
             result["uncached"]["seconds_per_batch"] / result["graph"]["seconds_per_batch"], 2

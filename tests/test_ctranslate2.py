@@ -1,0 +1,89 @@
+"""The CTranslate2 export: the same model in another engine, an independent check
+of our weights' layout and of our beam search."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import serving
+from tests.translation_fixtures import SENTENCES
+from tests.translation_fixtures import make_model
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+ctranslate2_model = pytest.importorskip("keras_transformer.ctranslate2_model")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_forced_decoding_log_probs_equal_ours(norm_first, tokenizer, tmp_path):
+    import sentencepiece
+
+    model = make_model(tokenizer.vocab_size, norm_first=norm_first)
+    path = ctranslate2_model.export_ctranslate2(model, tokenizer, str(tmp_path / "ct2"))
+    assert {"model.bin", "config.json", "shared_vocabulary.json", "sentencepiece.model"} <= set(
+        os.listdir(path))
+    processor = sentencepiece.SentencePieceProcessor(
+        model_file=os.path.join(path, "sentencepiece.model"))
+    sources, targets = SENTENCES[:3], ["En el principio.", "Y lloró Jesús.", "Sea la luz."]
+    theirs = ctranslate2.Translator(path).score_batch(
+        [processor.encode(s, out_type=str) for s in sources],
+        [processor.encode(t, out_type=str) for t in targets])
+    ours = serving.Translator(model, tokenizer).score(tf.constant(sources), tf.constant(targets))
+    for result, log_probs in zip(theirs, ours["token_log_probs"].numpy()):
+        # The target's pieces and the end of sequence, each.
+        np.testing.assert_allclose(result.log_probs, log_probs[:len(result.log_probs)],
+                                   atol=1e-4)
+        assert not log_probs[len(result.log_probs):].any()
+
+
+def test_bad_requests(tokenizer, tmp_path):
+    model = make_model(tokenizer.vocab_size)
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(ValueError, match="exists already"):
+        ctranslate2_model.export_ctranslate2(model, tokenizer, str(tmp_path / "taken"))
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        ctranslate2_model.export_ctranslate2(model, tokenizer, str(tmp_path / "x"), "int3")
+    learned = make_model(tokenizer.vocab_size, positional_encoding="learned")
+    with pytest.raises(ValueError, match="sinusoidal positions only"):
+        ctranslate2_model.export_ctranslate2(learned, tokenizer, str(tmp_path / "y"))
+
+
+@pytest.mark.slow
+def test_same_translations_as_our_beam_search_and_int8_bleu(tmp_path):
+    """A model trained for 3 minutes; 200 bundled test sentences, beam 4, length
+    penalty off (the engines normalize differently)."""
+    import sacrebleu
+
+    from keras_transformer import data
+    from keras_transformer import runs
+
+    run = str(tmp_path / "run")
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "train.py"), "--time-budget", "3",
+         "--test-sentences", "0", "--out", run],
+        env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    exported = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "export.py"), "--run", run, "--format", "ctranslate2",
+         "--quantization", "int8", "--out", str(tmp_path / "int8")],
+        env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=900)
+    assert exported.returncode == 0, exported.stderr
+    model, tokenizer, _ = runs.load_run(run)
+    ctranslate2_model.export_ctranslate2(model, tokenizer, str(tmp_path / "float32"))
+    pairs = list(data.load_parallel("bundled", "test").take(200).as_numpy_iterator())
+    sources = [pair["source"].decode() for pair in pairs]
+    references = [[pair["target"].decode() for pair in pairs]]
+    translator = serving.Translator(model, tokenizer, alpha=0.0)
+    ours = [text.decode() for start in range(0, 200, 50) for text in
+            translator.translate(tf.constant(sources[start:start + 50]))["translation"].numpy()]
+    float32 = ctranslate2_model.translate_ctranslate2(str(tmp_path / "float32"), sources)
+    int8 = ctranslate2_model.translate_ctranslate2(str(tmp_path / "int8"), sources)
+    assert sum(a == b for a, b in zip(ours, float32)) >= 198  # 99%
+    bleu = {name: sacrebleu.corpus_bleu(hypotheses, references).score
+            for name, hypotheses in (("float32", float32), ("int8", int8))}
+    assert bleu["float32"] > 1.0, bleu  # it translates
+    assert abs(bleu["int8"] - bleu["float32"]) <= 0.5 + 1e-9, bleu
