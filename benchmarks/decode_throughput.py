@@ -108,6 +108,30 @@ def translator_for(model, args, variant):
     )
 
 
+def timed(call, repeats, batch_size, tokens_and_length):
+    """Times `call()` (a batch) once untimed and `repeats` times; `tokens_and_length`
+    reads (generated tokens, longest output) from its result."""
+    start = time.perf_counter()
+    outputs = call()
+    first_call = time.perf_counter() - start
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        outputs = call()
+        seconds.append(time.perf_counter() - start)
+    tokens, length = tokens_and_length(outputs)
+    median = statistics.median(seconds)
+    return {
+        "seconds_per_batch": round(median, 3),
+        "all_seconds": [round(s, 3) for s in seconds],
+        "sentences_per_second": round(batch_size / median, 3),
+        "generated_tokens_per_second": round(tokens / median, 1),
+        "generated_tokens": tokens,
+        "output_length": int(length),
+        "first_call_seconds": round(first_call, 2),
+    }
+
+
 def time_ctranslate2(model, args, source_ids, directory, quantization):
     """CTranslate2 on the same weights: sources as pieces of a made-up vocabulary
     (ids are all it sees), exactly `forced_steps` steps (min = max decoding length)."""
@@ -130,26 +154,11 @@ def time_ctranslate2(model, args, source_ids, directory, quantization):
     options = dict(beam_size=args.beam_size, max_decoding_length=steps,
                    min_decoding_length=steps if args.forced_steps else 0,
                    max_batch_size=args.batch_size)
-    start = time.perf_counter()
-    results = translator.translate_batch(sources, **options)
-    first_call = time.perf_counter() - start
-    seconds = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        results = translator.translate_batch(sources, **options)
-        seconds.append(time.perf_counter() - start)
-    median = statistics.median(seconds)
-    tokens = sum(len(result.hypotheses[0]) for result in results)
-    return {
-        "seconds_per_batch": round(median, 3),
-        "all_seconds": [round(s, 3) for s in seconds],
-        "sentences_per_second": round(args.batch_size / median, 3),
-        "generated_tokens_per_second": round(tokens / median, 1),
-        "generated_tokens": tokens,
-        "output_length": max(len(result.hypotheses[0]) for result in results),
-        "first_call_seconds": round(first_call, 2),
-        "ctranslate2": ctranslate2.__version__,
-    }
+    report = timed(lambda: translator.translate_batch(sources, **options), args.repeats,
+                   args.batch_size, lambda results: (
+                       sum(len(result.hypotheses[0]) for result in results),
+                       max(len(result.hypotheses[0]) for result in results)))
+    return {**report, "ctranslate2": ctranslate2.__version__}
 
 
 def decode_flops(config, batch_size, source_length, beam_size, steps):
@@ -183,29 +192,11 @@ def time_export(model, args, variant, source_ids, directory):
         alpha=tf.constant(0.6),
         extra_length=tf.constant(translator.extra_length),
     )
-    start = time.perf_counter()
-    outputs = translate(**inputs)
-    first_call = time.perf_counter() - start
     repeats = args.uncached_repeats if variant == "uncached" else args.repeats
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        outputs = translate(**inputs)
-        outputs["ids"].numpy()
-        seconds.append(time.perf_counter() - start)
-    ids = outputs["ids"].numpy()
-    tokens = int(np.sum(ids != 0))
-    median = statistics.median(seconds)
-    return {
-        "seconds_per_batch": round(median, 3),
-        "all_seconds": [round(s, 3) for s in seconds],
-        "sentences_per_second": round(args.batch_size / median, 3),
-        "generated_tokens_per_second": round(tokens / median, 1),
-        "generated_tokens": tokens,
-        "output_length": int(ids.shape[1]),
-        "first_call_seconds": round(first_call, 2),
-        "export_seconds": round(export_seconds, 2),
-    }
+    report = timed(lambda: {name: value.numpy() for name, value in translate(**inputs).items()},
+                   repeats, args.batch_size,
+                   lambda outputs: (int(np.sum(outputs["ids"] != 0)), outputs["ids"].shape[1]))
+    return {**report, "export_seconds": round(export_seconds, 2)}
 
 
 def profile_step(model, args, source_ids):
@@ -221,14 +212,21 @@ def profile_step(model, args, source_ids):
     token_ids = tf.fill([rows], BOS_ID)
     step = tf.constant(steps // 2)
 
+    # As the search does: the embedding transposed once, the layout the logits' matmul reads fastest.
+    output_kernel = tf.transpose(model.embedding.embeddings)
+
     @tf.function(autograph=False)
     def decode_step(cache):
-        return model.decode_step(token_ids, cache, step)[0]
+        return model.decode_step(token_ids, cache, step, output_kernel)[0]
 
     hidden = tf.random.normal([rows, 1, config.d_model])
 
     @tf.function(autograph=False)
     def output_projection():
+        return tf.matmul(hidden, output_kernel)
+
+    @tf.function(autograph=False)
+    def output_projection_from_the_table():  # (V, d), as training computes the logits
         return model.embedding(hidden, reverse=True)
 
     scores = tf.random.normal([args.batch_size, args.beam_size * config.vocab_size])
@@ -237,7 +235,7 @@ def profile_step(model, args, source_ids):
     def top_k():
         return tf.nn.top_k(scores, k=2 * args.beam_size)
 
-    def timed(fn, *fn_args, repeats=5):
+    def median_seconds(fn, *fn_args, repeats=5):
         fn(*fn_args)
         times = []
         for _ in range(repeats):
@@ -246,10 +244,11 @@ def profile_step(model, args, source_ids):
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 
-    encoder = timed(encode)
-    step_seconds = timed(decode_step, cache)
-    projection = timed(output_projection)
-    selection = timed(top_k)
+    encoder = median_seconds(encode)
+    step_seconds = median_seconds(decode_step, cache)
+    projection = median_seconds(output_projection)
+    table_projection = median_seconds(output_projection_from_the_table)
+    selection = median_seconds(top_k)
     # Multiply-adds of one cached step per row: per decoder layer, the
     # self-attention projections (4 d^2), the cross-attention query and output
     # projections (2 d^2), the feed-forward network (2 d d_ff), attention over
@@ -262,6 +261,7 @@ def profile_step(model, args, source_ids):
         "encoder_and_cross_projections_seconds": round(encoder, 4),
         "decode_step_seconds": round(step_seconds, 4),
         "output_projection_seconds": round(projection, 4),
+        "output_projection_from_the_table_seconds": round(table_projection, 4),
         "top_k_seconds": round(selection, 4),
         "output_projection_share_of_step": round(projection / step_seconds, 3),
         "flops_per_step": flops,

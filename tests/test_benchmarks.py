@@ -114,7 +114,7 @@ def test_decode_throughput_prints_json():
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "decode_throughput.py"),
                "--preset", "tiny", "--vocab-size", "2000", "--batch-size", "2",
                "--source-length", "8", "--forced-steps", "12",
-               "--repeats", "1", "--uncached-repeats", "1"]
+               "--repeats", "1", "--uncached-repeats", "1", "--compare-ctranslate2"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900,
                             env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -130,6 +130,10 @@ def test_decode_throughput_prints_json():
         assert measured["sentences_per_second"] == pytest.approx(
             2 / measured["seconds_per_batch"], rel=0.2)
     assert report["cached_speedup"] > 0 and report["xla_speedup"] > 0
+    for quantization in ("float32", "int8"):  # the same weights in CTranslate2
+        measured = report[f"ctranslate2_{quantization}"]
+        assert measured["generated_tokens"] >= 2 * 11 and measured["seconds_per_batch"] > 0
+    assert report["over_ctranslate2"]["graph_over_ctranslate2_float32"] > 0
     assert 0 < report["profile"]["output_projection_share_of_step"] < 1
 
 
