@@ -141,12 +141,8 @@ def time_ctranslate2(model, args, source_ids, directory, quantization):
 
     pieces = ["<pad>", "<unk>", "<s>", "</s>"] + [
         f"t{i}" for i in range(4, model.config.vocab_size)]
-    spec = ctranslate2_model.transformer_spec(model, pieces)
-    spec.validate()
-    spec.optimize(quantization=None if quantization == "float32" else quantization)
     path = os.path.join(directory, f"ct2-{quantization}")
-    os.makedirs(path)
-    spec.save(path)
+    ctranslate2_model.write_model(model, pieces, path, quantization)
     translator = ctranslate2.Translator(path, device="cpu", inter_threads=1,
                                         intra_threads=os.cpu_count())
     sources = [[pieces[i] for i in row] for row in source_ids.numpy().tolist()]

@@ -48,18 +48,13 @@ def export_ctranslate2(model, tokenizer, output_dir, quantization=None):
     """
     import ctranslate2.specs  # noqa: F401 (fails early without the package)
 
-    if quantization not in (None, *QUANTIZATIONS):
-        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}. "
-                         f"Received: quantization={quantization!r}")
+    _weight_type(quantization)  # refused before anything is written
     if os.path.exists(output_dir):
         raise ValueError(f"{output_dir} exists already; pass a new directory")
-    spec = transformer_spec(model, vocabulary(tokenizer))
-    spec.validate()
-    spec.optimize(quantization=None if quantization == "float32" else quantization)
+    pieces = vocabulary(tokenizer)
 
     def write(temporary):
-        os.makedirs(temporary)
-        spec.save(temporary)
+        write_model(model, pieces, temporary, quantization)
         with open(os.path.join(temporary, SENTENCEPIECE_FILENAME), "wb") as f:
             f.write(tokenizer.model_proto)
         with open(os.path.join(temporary, "keras_transformer.json"), "w") as f:
@@ -69,6 +64,25 @@ def export_ctranslate2(model, tokenizer, output_dir, quantization=None):
     os.makedirs(os.path.dirname(os.path.abspath(output_dir)), exist_ok=True)
     write_atomically(output_dir, write)
     return output_dir
+
+
+def write_model(model, pieces, directory, quantization=None):
+    """Writes the CTranslate2 model of `model` (`transformer_spec`) into a new
+    `directory`, its weights stored as `quantization` (see `export_ctranslate2`)."""
+    weight_type = _weight_type(quantization)
+    spec = transformer_spec(model, pieces)
+    spec.validate()
+    spec.optimize(quantization=weight_type)
+    os.makedirs(directory)
+    spec.save(directory)
+
+
+def _weight_type(quantization):
+    """CTranslate2's `optimize` argument for `quantization` (None: as trained)."""
+    if quantization not in (None, *QUANTIZATIONS):
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}. "
+                         f"Received: quantization={quantization!r}")
+    return None if quantization == "float32" else quantization
 
 
 def vocabulary(tokenizer):

@@ -359,11 +359,10 @@ class Translator(tf.Module):
             PAD_ID)  # (B, S)
         source_ids = tf.pad(source_ids, [[0, 0], [0, tf.maximum(1 - tf.shape(source_ids)[1], 0)]])
         real = tf.not_equal(predicted, PAD_ID)  # (B, T)
-        lengths = tf.reduce_sum(tf.cast(real, tf.int32), axis=1)
+        # BOS, then the pieces before each predicted one: padding where nothing is predicted.
         decoder_inputs = tf.concat(
             [tf.fill([tf.shape(predicted)[0], 1], BOS_ID), predicted[:, :-1]], axis=1)
-        decoder_inputs = tf.where(tf.sequence_mask(lengths, tf.shape(predicted)[1]),
-                                  decoder_inputs, PAD_ID)
+        decoder_inputs = tf.where(real, decoder_inputs, PAD_ID)
         memory = self.model.initial_cache(source_ids)
         logits, weights = self.model.decode(decoder_inputs, memory,
                                             return_attention_scores=True, training=False)
