@@ -20,8 +20,9 @@ generated tokens/s (tokens of the best hypotheses) and the first call's
 seconds. `cached_speedup` is uncached seconds over cached (graph) seconds.
 `profile` times the pieces of one decoding step in-process: the encoder and
 cross-attention projections (once per batch), one cached decoder step with its
-output projection, the output projection alone, and the top-k over the beam's
-candidates; `flops_per_step` and `achieved_gflops` set the step against the
+output projection, the output projection alone, and the selection of the
+beam's candidates (block-wise, as the search runs it, and as `top_k` over the
+whole table); `flops_per_step` and `achieved_gflops` set the step against the
 machine's arithmetic. `mfu` is each variant's model FLOPs utilization: the
 matrix-multiply FLOPs a cached search needs (`decode_flops`) over its seconds,
 against the square-matmul peak measured in the same run, with XLA for the XLA
@@ -47,6 +48,7 @@ import tensorflow as tf  # noqa: E402
 
 from keras_transformer import TransformerConfig  # noqa: E402
 from keras_transformer import build_transformer  # noqa: E402
+from keras_transformer import decoding  # noqa: E402
 from keras_transformer import saved_model  # noqa: E402
 from keras_transformer import serving  # noqa: E402
 from keras_transformer.data import BOS_ID  # noqa: E402
@@ -201,10 +203,11 @@ def profile_step(model, args, source_ids):
     steps = args.forced_steps or args.source_length + 50
     config = model.config
     @tf.function(autograph=False)
-    def encode():  # once per batch, on B rows; beam search then tiles the cache
-        return model.initial_cache(source_ids, max_output_length=steps)
+    def encode():  # once per batch: the K hypotheses of a source share its cache
+        return model.initial_cache(source_ids, max_output_length=steps,
+                                   beam_size=args.beam_size)
 
-    cache = tf.nest.map_structure(lambda t: tf.repeat(t, args.beam_size, axis=0), encode())
+    cache = encode()
     token_ids = tf.fill([rows], BOS_ID)
     step = tf.constant(steps // 2)
 
@@ -225,11 +228,18 @@ def profile_step(model, args, source_ids):
     def output_projection_from_the_table():  # (V, d), as training computes the logits
         return model.embedding(hidden, reverse=True)
 
-    scores = tf.random.normal([args.batch_size, args.beam_size * config.vocab_size])
+    logits = tf.random.normal([rows, config.vocab_size])
+    alive_log_probs = -tf.random.uniform([args.batch_size, args.beam_size])
+    candidates = 2 * args.beam_size
 
     @tf.function(autograph=False)
-    def top_k():
-        return tf.nn.top_k(scores, k=2 * args.beam_size)
+    def selection():  # as the search selects its candidates
+        return decoding._best_extensions(logits, alive_log_probs, candidates,
+                                         decoding._block_size(config.vocab_size, candidates))
+
+    @tf.function(autograph=False)
+    def full_table_top_k():  # the same, as top_k over the whole (B, K * V) table
+        return decoding._best_extensions(logits, alive_log_probs, candidates, None)
 
     def median_seconds(fn, *fn_args, repeats=5):
         fn(*fn_args)
@@ -244,7 +254,8 @@ def profile_step(model, args, source_ids):
     step_seconds = median_seconds(decode_step, cache)
     projection = median_seconds(output_projection)
     table_projection = median_seconds(output_projection_from_the_table)
-    selection = median_seconds(top_k)
+    selection_seconds = median_seconds(selection)
+    full_table_seconds = median_seconds(full_table_top_k)
     # Multiply-adds of one cached step per row: per decoder layer, the
     # self-attention projections (4 d^2), the cross-attention query and output
     # projections (2 d^2), the feed-forward network (2 d d_ff), attention over
@@ -258,11 +269,13 @@ def profile_step(model, args, source_ids):
         "decode_step_seconds": round(step_seconds, 4),
         "output_projection_seconds": round(projection, 4),
         "output_projection_from_the_table_seconds": round(table_projection, 4),
-        "top_k_seconds": round(selection, 4),
+        "selection_seconds": round(selection_seconds, 4),
+        "full_table_top_k_seconds": round(full_table_seconds, 4),
         "output_projection_share_of_step": round(projection / step_seconds, 3),
         "flops_per_step": flops,
         "achieved_gflops_in_step": round(flops / step_seconds / 1e9, 1),
-        "estimated_seconds_per_batch": round(encoder + steps * (step_seconds + selection), 2),
+        "estimated_seconds_per_batch": round(
+            encoder + steps * (step_seconds + selection_seconds), 2),
     }
 
 

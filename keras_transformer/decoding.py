@@ -17,11 +17,17 @@ Both searches drive a step function, never a model:
   function returns the logits for position `step + 1`. A model with a key/value
   cache reads only `ids[:, step]`; a model without one may read
   `ids[:, :step + 1]`.
-- `cache`: a nested structure (dict, tuple, ...) of tensors whose leading
-  dimension is `N`, returned with the same structure and shapes. The caller
-  hands in caches with leading dimension `batch`: beam search tiles every entry
-  to `batch * beam_size` and, after every step, reorders it with `tf.gather`
-  along the parent beams that survived. Pass `{}` when there is no cache.
+- `cache`: a nested structure (dict, tuple, ...) of tensors, returned with
+  the same structure and shapes. By default every entry's leading dimension is
+  `N`: the caller hands in caches with leading dimension `batch`, and beam
+  search tiles every entry to `batch * beam_size` and, after every step,
+  reorders it with `tf.gather` along the parent beams that survived. Given
+  `reorder_cache`, beam search neither tiles nor gathers: the cache is the
+  step function's own state for all `N` rows, in any layout, and
+  `reorder_cache(cache, parents)` follows the beams (a model can then keep
+  what is the same for every beam once per example, and write keys and values
+  in place instead of copying them every step). Pass `{}` when there is no
+  cache.
 - `logits`: float `(N, vocab_size)`, any float dtype; the searches cast them to
   float32 before the log-softmax.
 
@@ -186,6 +192,7 @@ def beam_search(
     max_output_lengths=None,
     padding_id=0,
     ignore_eos=False,
+    reorder_cache=None,
 ):
     """Beam search with the GNMT length penalty, returning the n-best list.
 
@@ -213,6 +220,8 @@ def beam_search(
         initial_ids: int tensor `(B,)`, the start token of every example.
         initial_cache: nested structure of tensors with leading dimension B
             (`{}` when there is none); tiled to `B * K` rows, batch-major.
+            With `reorder_cache`, the state of all `B * K` rows as the step
+            function keeps it, used as given.
         vocab_size: int V, the last dimension of the logits.
         max_output_length: int T, the most tokens a hypothesis may have, end-of-sequence
             token included. It fixes the size of the output, so it must be a
@@ -226,6 +235,9 @@ def beam_search(
         ignore_eos: if True, the end-of-sequence token does not finish a
             hypothesis and the loop runs exactly `max_output_length` steps (no early
             stop): for benchmarks with random weights.
+        reorder_cache: optional `(cache, parents) -> cache`, called after every
+            step instead of the gather; `parents` is int32 `(B, K)`, the beam
+            each surviving hypothesis extends (e.g. `Transformer.reorder_cache`).
 
     Returns:
         ids: int32 `(B, K, T)`, the K best hypotheses of every example, best
@@ -245,6 +257,7 @@ def beam_search(
         max_output_lengths, batch_size, max_output_length)
     initial_cache = {} if initial_cache is None else initial_cache
     num_candidates = min(2 * beam_size, beam_size * vocab_size)
+    block_size = _block_size(vocab_size, num_candidates)
     columns = tf.range(max_output_length + 1)  # (T + 1,)
     # The largest length penalty each example can still reach (alpha >= 0).
     limit_penalties = length_penalty(max_output_lengths, alpha)  # (B,)
@@ -263,7 +276,7 @@ def beam_search(
         step=tf.constant(0),
         alive_ids=tf.repeat(start_ids[:, tf.newaxis], beam_size, axis=1),  # (B, K, T + 1)
         alive_log_probs=alive_log_probs,
-        alive_cache=tf.nest.map_structure(
+        alive_cache=initial_cache if reorder_cache else tf.nest.map_structure(
             lambda t: tf.repeat(t, beam_size, axis=0), initial_cache
         ),  # leading dimension B * K
         finished_ids=tf.fill([batch_size, beam_size, max_output_length + 1], padding_id),
@@ -288,13 +301,10 @@ def beam_search(
         flat_ids = tf.reshape(state.alive_ids, [-1, max_output_length + 1])  # (B * K, T + 1)
         logits, cache = symbols_to_logits_fn(flat_ids, state.step, state.alive_cache)
         cache = _same_shapes(cache, state.alive_cache)
-        log_probs = _log_probs(logits, vocab_size)  # (B * K, V)
-        log_probs = tf.reshape(log_probs, [-1, beam_size, vocab_size])  # (B, K, V)
-        log_probs += state.alive_log_probs[:, :, tf.newaxis]  # (B, K, V)
-
+        _check_logits(logits, vocab_size)
         # The C best extensions over all beams and tokens.
-        candidate_log_probs, flat_indices = tf.nn.top_k(
-            tf.reshape(log_probs, [-1, beam_size * vocab_size]), k=num_candidates
+        candidate_log_probs, flat_indices = _best_extensions(
+            tf.cast(logits, tf.float32), state.alive_log_probs, num_candidates, block_size
         )  # (B, C), (B, C)
         parents = flat_indices // vocab_size  # (B, C) beam each extends
         tokens = flat_indices % vocab_size  # (B, C)
@@ -319,10 +329,13 @@ def beam_search(
         )  # (B, K), (B, K) indices into C
         alive_ids = tf.gather(candidate_ids, alive_indices, batch_dims=1)  # (B, K, T + 1)
         alive_parents = tf.gather(parents, alive_indices, batch_dims=1)  # (B, K)
-        flat_parents = tf.reshape(
-            alive_parents + beam_size * tf.range(batch_size)[:, tf.newaxis], [-1]
-        )  # (B * K,) rows of the flat cache
-        cache = tf.nest.map_structure(lambda t: tf.gather(t, flat_parents), cache)
+        if reorder_cache:
+            cache = reorder_cache(cache, alive_parents)
+        else:
+            flat_parents = tf.reshape(
+                alive_parents + beam_size * tf.range(batch_size)[:, tf.newaxis], [-1]
+            )  # (B * K,) rows of the flat cache
+            cache = tf.nest.map_structure(lambda t: tf.gather(t, flat_parents), cache)
 
         # Finished: the best K of those kept so far and those that end now.
         candidate_scores = tf.where(
@@ -403,7 +416,7 @@ class _BeamState(
     alive_log_probs: float32 (B, K), their log probabilities, best first;
         -inf where a beam holds no hypothesis.
     alive_cache: the step function's cache for the live hypotheses, leading
-        dimension B * K, batch-major.
+        dimension B * K, batch-major (any layout with `reorder_cache`).
     finished_ids: int32 (B, K, T + 1), the best finished hypotheses so far.
     finished_scores: float32 (B, K), their scores log P / lp(|Y|), best first;
         -inf for slots not filled yet.
@@ -475,8 +488,8 @@ def _start_buffer(initial_ids, max_output_length, padding_id):
     return tf.concat([initial_ids[:, tf.newaxis], padding], axis=1)  # (B, T + 1)
 
 
-def _log_probs(logits, vocab_size):
-    """Float32 log-softmax of `(N, V)` logits, checking V when it is known."""
+def _check_logits(logits, vocab_size):
+    """Checks that logits are `(N, V)`, with the V given when it is known."""
     if logits.shape.rank != 2:
         raise ValueError(
             "symbols_to_logits_fn must return logits of shape (rows, vocab_size). "
@@ -487,7 +500,64 @@ def _log_probs(logits, vocab_size):
             f"symbols_to_logits_fn returned logits for {logits.shape[-1]} tokens "
             f"but beam_search was given vocab_size={vocab_size}; they must agree."
         )
+
+
+def _log_probs(logits, vocab_size):
+    """Float32 log-softmax of `(N, V)` logits, checking V when it is known."""
+    _check_logits(logits, vocab_size)
     return tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
+
+
+def _block_size(vocab_size, num_candidates):
+    """A block length near 128 that divides V into at least `num_candidates`
+    blocks, for `_best_extensions`; None when there is none (then it sorts
+    the whole table)."""
+    sizes = sorted(range(32, 257), key=lambda size: abs(size - 128))
+    return next((size for size in sizes
+                 if vocab_size % size == 0 and vocab_size // size >= num_candidates), None)
+
+
+def _best_extensions(logits, alive_log_probs, k, block_size):
+    """The k best one-token extensions of the live hypotheses of each example.
+
+    Exactly `tf.nn.top_k` over the `(B, K * V)` table
+    `alive_log_probs + log_softmax(logits)` (ties go to the lower index), but
+    without writing that table, and selecting in two small passes: the best k
+    blocks of `block_size` tokens by their maxima, then the best k entries of
+    those blocks, in index order. The best k entries lie in those blocks: a
+    block left out has k blocks ranked before it, each with an entry that
+    ranks before every entry of its own. On a CPU the full `top_k` over
+    148000 entries a row took two thirds of a beam-search step's selection.
+
+    Args:
+        logits: float32 `(B * K, V)`.
+        alive_log_probs: float32 `(B, K)`, -inf for beams without a hypothesis.
+        k: how many extensions to keep.
+        block_size: a divisor of V with V / block_size >= k, or None to run
+            `top_k` over the whole table.
+
+    Returns:
+        values `(B, k)`: log P(hypothesis + token), best first; indices
+        `(B, k)`: `beam * V + token`.
+    """
+    beam_size = alive_log_probs.shape[1]
+    vocab_size = logits.shape[-1]
+    logits = tf.reshape(logits, [-1, beam_size, vocab_size])  # (B, K, V)
+    # log P(hypothesis + token) = logit + shift: log P(hypothesis) - log Z.
+    shift = alive_log_probs - tf.reduce_logsumexp(logits, axis=-1)  # (B, K)
+    if block_size is None:
+        table = tf.reshape(logits + shift[:, :, tf.newaxis], [-1, beam_size * vocab_size])
+        return tf.nn.top_k(table, k=k)
+    blocks_per_beam = vocab_size // block_size
+    blocks = tf.reshape(logits, [-1, beam_size * blocks_per_beam, block_size])  # (B, K*V/b, b)
+    block_maxima = tf.reduce_max(blocks, axis=-1) + tf.repeat(shift, blocks_per_beam, axis=1)
+    _, best_blocks = tf.nn.top_k(block_maxima, k=k)  # (B, k)
+    best_blocks = tf.sort(best_blocks, axis=-1)  # index order, for ties
+    candidates = tf.gather(blocks, best_blocks, batch_dims=1) + tf.gather(
+        shift, best_blocks // blocks_per_beam, batch_dims=1)[:, :, tf.newaxis]  # (B, k, b)
+    values, positions = tf.nn.top_k(tf.reshape(candidates, [-1, k * block_size]), k=k)
+    block_index = tf.gather(best_blocks, positions // block_size, batch_dims=1)  # (B, k)
+    return values, block_index * block_size + positions % block_size
 
 
 def _same_shapes(new_cache, old_cache):

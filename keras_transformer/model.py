@@ -137,8 +137,9 @@ class Transformer(MultiWorkerModel):
             memory: the encoder side, a dict: `"encoder_padding_mask"` `(B, S)`
                 and either `"encoder_outputs"` `(B, S, d_model)` or
                 `"cross_attention"` (each layer's keys and values, from
-                `initial_cache`); with `step`, also `"self_attention"`, the
-                self-attention cache of `initial_cache`.
+                `initial_cache`); with `step`, also `"self_attention"` (and
+                `"self_attention_slots"`), the self-attention cache of
+                `initial_cache`. `decoder_inputs` may have K rows per source.
             step: None to decode a whole prefix (causal mask, padded positions
                 masked); an int scalar to write the positions into the
                 self-attention cache at `step` and attend over the cache.
@@ -164,6 +165,11 @@ class Transformer(MultiWorkerModel):
             options["decoder_padding_mask"] = ops.not_equal(decoder_inputs, PAD_ID)  # (B, T)
         else:
             options["self_attention_cache_update_index"] = step
+            slots = memory.get("self_attention_slots")
+            if slots is not None:
+                num_slots = memory["self_attention"][0][0].shape[2]
+                slots, options["self_attention_mask"] = _write_slots(
+                    slots, step, ops.shape(decoder_inputs)[1], num_slots)
         self_caches, weights = [], []
         for index, layer in enumerate(self.decoder_layers):
             if "cross_attention" in memory:
@@ -180,19 +186,32 @@ class Transformer(MultiWorkerModel):
                 weights.append(outputs[-1])
         results = [self._logits(x, output_kernel)]  # (B, T, V)
         if step is not None:
-            results.append(dict(memory, self_attention=self_caches))
+            memory = dict(memory, self_attention=self_caches)
+            if slots is not None:
+                memory["self_attention_slots"] = slots
+            results.append(memory)
         if return_attention_scores:
             results.append(weights)
         return results[0] if len(results) == 1 else tuple(results)
 
     # Incremental decoding --------------------------------------------------
 
-    def initial_cache(self, encoder_inputs, max_output_length=None):
+    def initial_cache(self, encoder_inputs, max_output_length=None, beam_size=1):
         """The decoding state for source ids `(B, S)`, before the first step.
 
         Runs the encoder once and every decoder layer's cross-attention key and
-        value projections once. Every entry has the batch as its first axis, so
-        a beam search can tile and reorder it with `tf.gather`.
+        value projections once. The cross-attention entries stay one per
+        source: the decoder's `B * K` rows (K hypotheses of each source,
+        batch-major) read them in place.
+
+        With `beam_size=1` every entry has the batch as its first axis, so a
+        search may tile and reorder the whole cache with `tf.gather` (greedy
+        search, and `decoding.beam_search`'s default). With `beam_size=K`, the
+        state of a beam search whose `reorder_cache` is `self.reorder_cache`:
+        the self-attention cache keeps K slots per source that are written in
+        place and never gathered, and `"self_attention_slots"` records which
+        slot holds each position of each hypothesis; reordering the beams
+        gathers only that table.
 
         Args:
             encoder_inputs: int32 `(B, S)` source ids, padded with 0.
@@ -200,14 +219,16 @@ class Transformer(MultiWorkerModel):
                 self-attention cache holds (the begin-of-sequence token
                 included); None for no self-attention cache (decoding that
                 re-runs the whole prefix every step).
+            beam_size: K, the hypotheses per source that share the cache.
 
         Returns:
             A dict: `"cross_attention"`, a list (one entry per decoder layer) of
-            `(keys (B, S, h, d_k), values (B, S, h, d_v))`;
+            `(keys (B, h, S, d_k), values (B, h, S, d_v))`;
             `"encoder_padding_mask"`, boolean `(B, S)`; and unless
             `max_output_length` is None, `"self_attention"`, a list of zero
-            `(keys (B, L, h, d_k), values (B, L, h, d_v))` with
-            `L = max_output_length`.
+            `(keys (B, h, K, L, d_k), values (B, h, K, L, d_v))` with
+            `L = max_output_length`, and with K > 1, `"self_attention_slots"`,
+            int32 `(B * K, L)`.
         """
         encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
         padding_mask = ops.not_equal(encoder_inputs, PAD_ID)  # (B, S)
@@ -225,41 +246,72 @@ class Transformer(MultiWorkerModel):
         dtype = self._policy.compute_dtype
 
         def zeros(head_dim):
-            return ops.zeros((batch_size, max_output_length, config.num_heads, head_dim), dtype)
+            return ops.zeros(
+                (batch_size, config.num_heads, beam_size, max_output_length, head_dim), dtype)
 
         cache["self_attention"] = [
             (zeros(config.d_k), zeros(config.d_v)) for _ in self.decoder_layers
         ]
+        if beam_size > 1:
+            cache["self_attention_slots"] = ops.zeros(
+                (batch_size * beam_size, max_output_length), "int32")
         return cache
+
+    @staticmethod
+    def reorder_cache(cache, parents):
+        """`decoding.beam_search`'s `reorder_cache` for a cache of
+        `initial_cache(..., beam_size=K)`: the surviving hypotheses take their
+        parents' rows of the slot table; the keys and values stay where they
+        were written.
+
+        Args:
+            cache: the dict the step function returned.
+            parents: int32 `(B, K)`, the beam each surviving hypothesis extends.
+        """
+        if "self_attention_slots" not in cache:
+            return cache
+        beam_size = parents.shape[1]
+        slots = cache["self_attention_slots"]  # (B * K, L)
+        by_source = ops.reshape(slots, (-1, beam_size, ops.shape(slots)[1]))  # (B, K, L)
+        reordered = ops.take_along_axis(by_source, ops.expand_dims(parents, -1), axis=1)
+        return dict(cache, self_attention_slots=ops.reshape(reordered, ops.shape(slots)))
 
     def decode_step(self, token_ids, cache, step, output_kernel=None):
         """Logits for the position after `step`, and the updated cache.
 
         Args:
-            token_ids: int32 `(B,)`, the tokens at position `step` (position 0
-                holds the begin-of-sequence id).
+            token_ids: int32 `(N,)`, the tokens at position `step` (position 0
+                holds the begin-of-sequence id); N is the cache's batch, or K
+                times it for a beam search over the sources' shared cache.
             cache: the dict from `initial_cache` or from the previous step.
             step: int scalar, the position of `token_ids`.
             output_kernel: see `decode`.
 
         Returns:
-            `(logits, cache)`: float32 `(B, vocab_size)` logits of the next
+            `(logits, cache)`: float32 `(N, vocab_size)` logits of the next
             token, and the cache with position `step` written.
         """
         token_ids = ops.expand_dims(ops.convert_to_tensor(token_ids, "int32"), 1)  # (B, 1)
         logits, cache = self.decode(token_ids, cache, step=step, training=False,
                                     output_kernel=output_kernel)
-        return logits[:, 0, :], cache  # (B, V)
+        return logits[:, 0, :], cache  # (N, V)
 
     def step_function(self, use_cache=True, output_kernel=None):
         """The step function that `decoding.beam_search` and `greedy_search`
         search over: `step_fn(ids (N, T), step, cache) -> (logits (N, V), cache)`.
 
         With `use_cache`, each step decodes one position with the cache of
-        `initial_cache(source, max_output_length)`; without it (the slow twin
-        that tests and benchmarks compare with), each step re-runs the decoder
-        on the whole prefix `ids[:, :step + 1]` over the cross-attention cache
-        of `initial_cache(source)`. `output_kernel`: see `decode`.
+        `initial_cache(source, max_output_length, beam_size)`; without it (the
+        slow twin that tests and benchmarks compare with), each step re-runs
+        the decoder on the whole prefix `ids[:, :step + 1]` over the
+        cross-attention cache of `initial_cache(source)`. `output_kernel`: see
+        `decode`. A beam search over a cache with one entry per source passes
+        `reorder_cache=model.reorder_cache`:
+
+        >>> cache = model.initial_cache(source_ids, max_length, beam_size=4)
+        >>> ids, scores = decoding.beam_search(
+        ...     model.step_function(), start_ids, cache, beam_size=4,
+        ...     reorder_cache=model.reorder_cache, ...)
         """
         if use_cache:
             def step_fn(ids, step, cache):
@@ -318,3 +370,18 @@ class Transformer(MultiWorkerModel):
 def build_transformer(config):
     """Builds the functional Transformer for a `TransformerConfig`."""
     return Transformer(config)
+
+
+def _write_slots(slots, step, length, num_slots):
+    """Records that each row's positions `step .. step + length - 1` are in its
+    own slot, and returns the slot table `(B * G, L)` with the self-attention
+    mask `(B, G * length, G * L)`: a row may read entry `(g, t)` of its group's
+    cache when its prefix's position t is in slot g."""
+    rows, max_length = ops.shape(slots)
+    own = ops.arange(rows, dtype="int32") % num_slots  # (B * G,) row b * G + g owns slot g
+    slots = ops.slice_update(slots, [0, step], ops.tile(ops.expand_dims(own, 1), [1, length]))
+    holds = ops.equal(
+        ops.expand_dims(slots, 1), ops.reshape(ops.arange(num_slots, dtype="int32"), (1, -1, 1))
+    )  # (B * G, G, L)
+    holds = ops.reshape(holds, (-1, num_slots, num_slots * max_length))  # (B, G, G * L)
+    return slots, ops.repeat(holds, length, axis=1)  # (B, G * length, G * L)

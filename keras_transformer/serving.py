@@ -509,8 +509,10 @@ class Translator(tf.Module):
 
         def search(source_ids, output_limits, longest_output, alpha):
             batch_size = tf.shape(source_ids)[0]
-            # The encoder and the cross-attention projections run once.
-            cache = model.initial_cache(source_ids, longest_output if self.use_cache else None)
+            # The encoder and the cross-attention projections run once per
+            # source, and the K hypotheses of a source share its cache.
+            cache = model.initial_cache(
+                source_ids, longest_output if self.use_cache else None, beam_size)
             # The logits' matmul reads the embedding transposed faster: once a search.
             output_kernel = tf.transpose(model.embedding.embeddings)  # (d, V)
             return decoding.beam_search(
@@ -525,6 +527,7 @@ class Translator(tf.Module):
                 max_output_lengths=output_limits,
                 padding_id=PAD_ID,
                 ignore_eos=self.ignore_eos,
+                reorder_cache=model.reorder_cache,
             )
 
         return tf.function(

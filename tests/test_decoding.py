@@ -417,6 +417,36 @@ class TestEquivalences:
         np.testing.assert_allclose(beam_scores[:, 0], greedy_scores, rtol=1e-6)
 
 
+class TestBestExtensions:
+    """The block-wise selection of the beam's candidates against `np.argsort`
+    over the whole table of log P(hypothesis) + log_softmax(logits)."""
+
+    @pytest.mark.parametrize("dead_beams", [0, 2])
+    def test_equals_sorting_the_whole_table(self, dead_beams):
+        rng = np.random.default_rng(dead_beams)
+        batch, beams, vocab, k = 5, 3, 60, 6
+        # Small integers: many ties, within a block and across blocks and beams.
+        logits = rng.integers(-3, 4, size=(batch * beams, vocab)).astype("float32")
+        logits[:, 7] = -np.inf  # a token the model rules out
+        alive = rng.integers(-4, 0, size=(batch, beams)).astype("float32")
+        alive[:, beams - dead_beams:] = -np.inf  # beams without a hypothesis
+        table = alive[:, :, None] + (
+            logits - np.log(np.exp(logits).sum(-1, keepdims=True))).reshape(batch, beams, vocab)
+        table = table.reshape(batch, beams * vocab)
+        expected = np.argsort(-table, axis=1, kind="stable")[:, :k]  # ties: lower index first
+        for block_size in (4, 10, None):
+            values, indices = decoding._best_extensions(
+                tf.constant(logits), tf.constant(alive), k, block_size)
+            np.testing.assert_array_equal(indices, expected)
+            np.testing.assert_allclose(values, np.take_along_axis(table, expected, 1), rtol=1e-6)
+
+    def test_block_size_divides_the_vocabulary_into_enough_blocks(self):
+        assert decoding._block_size(37000, 8) == 125
+        assert decoding._block_size(32000, 8) == 128
+        assert decoding._block_size(32003, 8) is None  # prime: the whole table is sorted
+        assert decoding._block_size(200, 8) is None  # 32 is the smallest block: 6 blocks
+
+
 class TestCompiled:
     """tf.function with and without XLA gives the eager result, traced once."""
 

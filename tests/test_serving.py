@@ -41,17 +41,26 @@ def full_model_step_fn(model):
 
 
 def test_cached_decoding_equals_rerunning_the_full_decoder(model, tokenizer):
-    """Beam search over `decode_step` (KV cache, encoder once) gives the ids and
-    scores of beam search over a step function that re-runs the whole model on
-    the full prefix every step, and of one that re-runs the decoder only."""
+    """Beam search as the Translator runs it (one cache per source for its K
+    hypotheses: keys and values written in place, the slot table reordered)
+    gives the ids and scores of beam search over a cache tiled to one copy per
+    hypothesis and gathered every step, over a step function that re-runs the
+    whole model on the full prefix every step, and over ones that re-run the
+    decoder only (memory tiled, or once per source)."""
     source = tokenizer.tokenize(tf.constant(SENTENCES)).to_tensor()  # (B, S)
-    batch, max_length = source.shape[0], 12
+    batch, max_length, beam_size = source.shape[0], 12, 3
     start = tf.fill([batch], BOS_ID)
     args = dict(vocab_size=model.config.vocab_size, max_output_length=max_length, eos_id=EOS_ID,
-                beam_size=3, alpha=0.6)
+                beam_size=beam_size, alpha=0.6)
 
     @tf.function(autograph=False)
-    def cached():
+    def shared_cache():
+        cache = model.initial_cache(source, max_length, beam_size=beam_size)
+        return decoding.beam_search(model.step_function(), start, cache,
+                                    reorder_cache=model.reorder_cache, **args)
+
+    @tf.function(autograph=False)
+    def tiled_cache():
         cache = model.initial_cache(source, max_output_length=max_length)
         return decoding.beam_search(model.step_function(), start, cache, **args)
 
@@ -65,9 +74,15 @@ def test_cached_decoding_equals_rerunning_the_full_decoder(model, tokenizer):
         return decoding.beam_search(
             model.step_function(use_cache=False), start, model.initial_cache(source), **args)
 
-    cached_ids, cached_scores = cached()
+    @tf.function(autograph=False)
+    def decoder_only_shared_memory():
+        return decoding.beam_search(
+            model.step_function(use_cache=False), start, model.initial_cache(source),
+            reorder_cache=model.reorder_cache, **args)
+
+    cached_ids, cached_scores = shared_cache()
     assert np.all(np.isfinite(cached_scores))
-    for twin in (uncached, decoder_only):
+    for twin in (tiled_cache, uncached, decoder_only, decoder_only_shared_memory):
         full_ids, full_scores = twin()
         np.testing.assert_array_equal(cached_ids, full_ids)
         np.testing.assert_allclose(cached_scores, full_scores, rtol=1e-5, atol=1e-5)

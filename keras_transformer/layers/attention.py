@@ -26,16 +26,24 @@ class MultiHeadAttention(keras.layers.Layer):
     bias), so weights load one-to-one from and into it. The four projections are
     `Projection` layers.
 
-    For step-by-step decoding the layer takes a fixed-size cache, a tuple
-    `(key_cache, value_cache)` of shapes `(B, S_max, h, d_k)` and
-    `(B, S_max, h, d_v)`:
-    - with `cache_update_index`, the keys and values of `query`'s positions are
-      written into the cache at that index (self-attention), and the query
-      attends over the whole cache; with `use_causal_mask=True` positions after
-      the query's own (including the unwritten ones) are masked;
-    - without `cache_update_index`, the cache holds precomputed keys and values
-      (cross-attention over an encoded source, see `project_key_value`) and
-      `value` and `key` are ignored.
+    For step-by-step decoding the layer takes a cache, a tuple
+    `(key_cache, value_cache)`, heads first (the layout its matmuls read):
+    - with `cache_update_index` (self-attention), a fixed-size cache of shape
+      `(B, h, G, L, d_k)` and `(B, h, G, L, d_v)`: G slots of L positions per
+      row group. The query has `B * G` rows, batch-major; row `b * G + g`
+      writes the keys and values of its positions at that index of slot `g`
+      of group `b`, and every query attends over all `G * L` entries of its
+      group. With `G = 1` that is the usual cache, one row per query row and
+      `use_causal_mask=True` masks positions after the query's own (the
+      unwritten ones included). With `G > 1` (beam search: the K hypotheses of
+      a source share one group, see `Transformer.reorder_cache`) the causal
+      mask applies to each slot and `attention_mask` `(B, G * T, G * L)` says
+      which slot holds which position of each hypothesis;
+    - without `cache_update_index` (cross-attention), precomputed keys
+      `(B, h, S, d_k)` and values `(B, h, S, d_v)` (see `project_key_value`);
+      `value` and `key` are ignored. The query may have `B * G` rows: rows
+      `b * G .. b * G + G - 1` (the beams of source `b`) attend to entry `b`,
+      which is then read once for all of them.
 
     Args:
         num_heads: h, the number of attention heads.
@@ -53,14 +61,15 @@ class MultiHeadAttention(keras.layers.Layer):
         key: optional `(B, S, d)` keys.
         attention_mask: optional boolean mask broadcastable to `(B, T, S)`,
             True where a query may attend to a key (e.g. `(B, 1, S)` for key
-            padding).
+            padding); with grouped rows, `(B, G * T, S)` over the group's
+            queries.
         use_causal_mask: mask keys after the query's position (decoder
             self-attention).
         cache: optional `(key_cache, value_cache)` tuple, see above.
         cache_update_index: int scalar, the position of `query`'s first
             token in the cache.
         return_attention_scores: also return the attention weights
-            `(B, h, T, S)` (float32).
+            `(B, h, T, S)` (float32; `S` is `G * L` with a grouped cache).
         training: whether dropout is active.
 
     Returns:
@@ -137,12 +146,13 @@ class MultiHeadAttention(keras.layers.Layer):
         self._dropout_layer = Dropout(self.dropout, dtype=self.dtype_policy)
 
     def project_key_value(self, value, key=None):
-        """Keys `(B, S, h, d_k)` and values `(B, S, h, d_v)` of a sequence.
+        """Keys `(B, h, S, d_k)` and values `(B, h, S, d_v)` of a sequence,
+        heads first.
 
         Used once per source to fill the cross-attention cache.
         """
         key = value if key is None else key
-        return self._key_dense(key), self._value_dense(value)
+        return _heads_first(self._key_dense(key)), _heads_first(self._value_dense(value))
 
     def call(
         self,
@@ -156,60 +166,83 @@ class MultiHeadAttention(keras.layers.Layer):
         return_attention_scores=False,
         training=None,
     ):
-        query_states = self._query_dense(query)  # (B, T, h, d_k)
+        query_states = self._query_dense(query)  # (N, T, h, d_k), N = B * G rows
+        slot_length = None
         if cache is not None and cache_update_index is None:
-            key_states, value_states = cache  # (B, S, h, d_k), (B, S, h, d_v)
+            key_states, value_states = cache  # (B, h, S, d_k), (B, h, S, d_v)
         else:
-            key_states, value_states = self.project_key_value(value, key)
+            key_states, value_states = self.project_key_value(value, key)  # (N, h, T, d)
             if cache is not None:
-                key_cache, value_cache = cache  # (B, S_max, h, d_k), (B, S_max, h, d_v)
-                start = [0, cache_update_index, 0, 0]
-                key_states = ops.slice_update(key_cache, start, key_states)
-                value_states = ops.slice_update(value_cache, start, value_states)
-                cache = (key_states, value_states)
+                key_cache, value_cache = cache  # (B, h, G, L, d_k), (B, h, G, L, d_v)
+                slots, slot_length = key_cache.shape[2], ops.shape(key_cache)[3]
+                start = [0, 0, 0, cache_update_index, 0]
+                key_cache = ops.slice_update(key_cache, start, _into_slots(key_states, slots))
+                value_cache = ops.slice_update(
+                    value_cache, start, _into_slots(value_states, slots))
+                cache = (key_cache, value_cache)
+                key_states, value_states = _merge_slots(key_cache), _merge_slots(value_cache)
 
+        batch = ops.shape(key_states)[0]
+        query_length = ops.shape(query_states)[1]
         mask = self._combine_masks(
             attention_mask,
             use_causal_mask,
-            query_length=ops.shape(query_states)[1],
-            key_length=ops.shape(key_states)[1],
+            query_length=query_length,
+            key_length=ops.shape(key_states)[2],
             query_offset=0 if cache_update_index is None else cache_update_index,
+            groups=ops.shape(query_states)[0] // batch,
+            slot_length=slot_length,
         )
-        outputs, weights = self._attend(query_states, key_states, value_states, mask, training)
+        # The G rows of a group become G * T queries over the group's keys.
+        grouped_query = _heads_first(
+            ops.reshape(query_states, (batch, -1, self.num_heads, self.key_dim)))
+        outputs, weights = self._attend(grouped_query, key_states, value_states, mask, training)
+        outputs = ops.reshape(
+            ops.transpose(outputs, (0, 2, 1, 3)), (-1, query_length, self.num_heads, self.value_dim)
+        )  # (N, T, h, d_v)
+        outputs = self._output_dense(outputs)  # (N, T, d_model)
 
         results = [outputs]
         if return_attention_scores:
-            results.append(weights)
+            results.append(_split_groups(weights, query_length))  # (N, h, T, S)
         if cache is not None:
             results.append(cache)
         return results[0] if len(results) == 1 else tuple(results)
 
     def _attend(self, query, key, value, mask, training):
-        # Sec. 3.2.1: scaled dot-product attention.
+        """Sec. 3.2.1, scaled dot-product attention, heads first: query
+        `(B, h, Q, d_k)`, key `(B, h, S, d_k)`, value `(B, h, S, d_v)`; returns
+        `(B, h, Q, d_v)` and the float32 weights `(B, h, Q, S)`."""
         query = ops.multiply(query, ops.cast(1.0 / math.sqrt(self.key_dim), query.dtype))
-        scores = ops.einsum("btnh,bsnh->bnts", query, key)  # (B, h, T, S)
+        scores = ops.einsum("bnqd,bnsd->bnqs", query, key)  # (B, h, Q, S)
         # Softmax in float32, also under mixed precision.
         scores = ops.cast(scores, "float32")
         if mask is not None:
             scores = ops.where(ops.expand_dims(mask, axis=1), scores, MASK_VALUE)
-        weights = ops.softmax(scores, axis=-1)  # (B, h, T, S)
+        weights = ops.softmax(scores, axis=-1)  # (B, h, Q, S)
         dropped = self._dropout_layer(ops.cast(weights, self.compute_dtype), training=training)
-        outputs = ops.einsum("bnts,bsnh->btnh", dropped, value)  # (B, T, h, d_v)
-        return self._output_dense(outputs), weights  # (B, T, d_model)
+        return ops.einsum("bnqs,bnsd->bnqd", dropped, value), weights  # (B, h, Q, d_v)
 
     @staticmethod
-    def _combine_masks(attention_mask, use_causal_mask, query_length, key_length, query_offset):
-        """A boolean `(B or 1, T, S)` mask, or None when nothing is masked."""
+    def _combine_masks(attention_mask, use_causal_mask, query_length, key_length, query_offset,
+                       groups=1, slot_length=None):
+        """A boolean `(B or 1, G * T, S)` mask, or None when nothing is masked.
+
+        The causal mask compares positions: query `q` of a group is at
+        `query_offset + q % T`, key `s` at `s % slot_length` (at `s` without slots).
+        """
         mask = None
         if attention_mask is not None:
             mask = ops.cast(attention_mask, "bool")
             if len(mask.shape) == 2:  # (B, S) key padding
                 mask = ops.expand_dims(mask, axis=1)
         if use_causal_mask:
-            query_positions = ops.arange(query_length) + query_offset  # (T,)
+            query_positions = ops.arange(groups * query_length) % query_length + query_offset
             key_positions = ops.arange(key_length)  # (S,)
+            if slot_length is not None:
+                key_positions = key_positions % slot_length
             causal = ops.expand_dims(query_positions, -1) >= ops.expand_dims(key_positions, 0)
-            causal = ops.expand_dims(causal, axis=0)  # (1, T, S)
+            causal = ops.expand_dims(causal, axis=0)  # (1, G * T, S)
             mask = causal if mask is None else ops.logical_and(mask, causal)
         return mask
 
@@ -227,3 +260,27 @@ class MultiHeadAttention(keras.layers.Layer):
             }
         )
         return config
+
+
+def _heads_first(states):
+    """`(B, T, h, d)` -> `(B, h, T, d)`."""
+    return ops.transpose(states, (0, 2, 1, 3))
+
+
+def _into_slots(states, slots):
+    """New keys or values `(N, h, T, d)` of `N = B * G` rows -> `(B, h, G, T, d)`."""
+    _, heads, length, depth = ops.shape(states)
+    grouped = ops.reshape(states, (-1, slots, heads, length, depth))
+    return ops.transpose(grouped, (0, 2, 1, 3, 4))
+
+
+def _merge_slots(cache):
+    """A slot cache `(B, h, G, L, d)` -> `(B, h, G * L, d)`, the keys of a group."""
+    return ops.reshape(cache, (ops.shape(cache)[0], cache.shape[1], -1, cache.shape[4]))
+
+
+def _split_groups(weights, query_length):
+    """Grouped weights `(B, h, G * T, S)` -> `(N, h, T, S)`, a row per query row."""
+    batch, heads, _, keys = ops.shape(weights)
+    weights = ops.reshape(weights, (batch, heads, -1, query_length, keys))
+    return ops.reshape(ops.transpose(weights, (0, 2, 1, 3, 4)), (-1, heads, query_length, keys))

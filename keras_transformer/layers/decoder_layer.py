@@ -38,12 +38,17 @@ class TransformerDecoderLayer(TransformerBlock):
             `cross_attention_cache` is given.
         decoder_padding_mask: optional boolean `(B, T)`, True for real tokens.
         encoder_padding_mask: optional boolean `(B, S)`, True for real tokens.
-        self_attention_cache: optional `(keys (B, T_max, h, d_k),
-            values (B, T_max, h, d_v))`.
+        self_attention_cache: optional `(keys (B, h, G, T_max, d_k),
+            values (B, h, G, T_max, d_v))`, G slots per group of G rows
+            (`decoder_sequence` has `B * G` rows; see `MultiHeadAttention`).
+        self_attention_mask: with a cache of G > 1 slots, boolean
+            `(B, G * T, G * T_max)`: the slot that holds each position of each
+            row's prefix (`Transformer.decode` builds it).
         self_attention_cache_update_index: int scalar, position of
             `decoder_sequence`'s first token.
-        cross_attention_cache: optional `(keys (B, S, h, d_k),
-            values (B, S, h, d_v))` of the encoder output.
+        cross_attention_cache: optional `(keys (B, h, S, d_k),
+            values (B, h, S, d_v))` of the encoder output; `decoder_sequence`
+            may have `B * G` rows, G per source.
         return_attention_scores: also return a dict with the
             `"self_attention"` `(B, h, T, T)` and `"cross_attention"`
             `(B, h, T, S)` weights.
@@ -97,6 +102,7 @@ class TransformerDecoderLayer(TransformerBlock):
         encoder_padding_mask=None,
         self_attention_cache=None,
         self_attention_cache_update_index=None,
+        self_attention_mask=None,
         cross_attention_cache=None,
         return_attention_scores=False,
         training=None,
@@ -113,7 +119,10 @@ class TransformerDecoderLayer(TransformerBlock):
             outputs = self._self_attention(
                 x,
                 x,
-                attention_mask=decoder_padding_mask,  # (B, T): padding keys
+                # (B, T) padding keys, or (B, G * T, G * T_max) cache slots
+                attention_mask=(
+                    decoder_padding_mask if self_attention_mask is None else self_attention_mask
+                ),
                 use_causal_mask=True,
                 cache=self_attention_cache,
                 cache_update_index=self_attention_cache_update_index,

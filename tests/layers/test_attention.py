@@ -74,18 +74,54 @@ def test_self_attention_cache_equals_full_causal_pass():
     x = np.random.randn(B, T, D).astype("float32")
     full = np.asarray(ours(x, x, use_causal_mask=True))
     max_length = T + 3  # unwritten cache slots must be masked too
-    cache = (np.zeros((B, max_length, H, DK), "float32"),) * 2
+    cache = (np.zeros((B, H, 1, max_length, DK), "float32"),) * 2
     for t in range(T):
         step, cache = ours(
             x[:, t : t + 1], x[:, t : t + 1], use_causal_mask=True, cache=cache,
             cache_update_index=t,
         )
         np.testing.assert_allclose(step[:, 0], full[:, t], atol=1e-5)
-    # The cache holds the projections of every position written so far.
-    keys, values = ours.project_key_value(x)
-    np.testing.assert_allclose(cache[0][:, :T], keys, atol=1e-6)
-    np.testing.assert_allclose(cache[1][:, :T], values, atol=1e-6)
-    assert not np.any(cache[0][:, T:])
+    # The cache holds the projections of every position written so far, heads first.
+    keys, values = ours.project_key_value(x)  # (B, H, T, DK)
+    np.testing.assert_allclose(cache[0][:, :, 0, :T], keys, atol=1e-6)
+    np.testing.assert_allclose(cache[1][:, :, 0, :T], values, atol=1e-6)
+    assert not np.any(cache[0][:, :, :, T:])
+
+
+def test_grouped_self_attention_cache_reads_the_slots_the_mask_names():
+    """Rows b * G + g share group b's cache of G slots; the mask says which
+    slot holds each position of a row's prefix. Twin: a cache per row that
+    holds exactly those keys and values."""
+    ours, _ = _pair()
+    G, L = 3, T + 2
+    x = np.random.randn(B * G, T, D).astype("float32")
+    cache = (np.zeros((B, H, G, L, DK), "float32"),) * 2
+    # Row 0 of each group reads its own slot at even positions and slot 2 at odd ones.
+    holder = np.tile(np.arange(G)[None, :, None], (B, 1, L))  # (B, G, L)
+    holder[:, 0, 1::2] = 2
+    mask = np.zeros((B, G, G, L), bool)
+    for g in range(G):
+        mask[:, g] = holder[:, g, None, :] == np.arange(G)[None, :, None]
+    mask = mask.reshape(B, G, G * L)
+    for t in range(T):
+        step, cache = ours(x[:, t : t + 1], x[:, t : t + 1], use_causal_mask=True,
+                           attention_mask=mask, cache=cache, cache_update_index=t)
+    keys, values = ours.project_key_value(x)  # (B * G, H, T, DK), row-major groups
+    source_rows = np.arange(B * G).reshape(B, G)[np.arange(B)[:, None, None],
+                                                 holder[:, :, :T]]  # (B, G, T)
+    query = np.asarray(ours._query_dense(x[:, T - 1 :]))  # (B * G, 1, H, DK)
+    for b in range(B):
+        for g in range(G):
+            row = b * G + g
+            rows = source_rows[b, g]  # the row whose keys fill each position
+            k = np.asarray(keys)[rows, :, np.arange(T)]  # (T, H, DK)
+            v = np.asarray(values)[rows, :, np.arange(T)]
+            logits = np.einsum("hd,thd->ht", query[row, 0], k) / np.sqrt(DK)
+            weights = np.exp(logits - logits.max(-1, keepdims=True))
+            weights /= weights.sum(-1, keepdims=True)
+            heads = np.einsum("ht,thd->hd", weights, v)  # (H, DK)
+            expected = np.asarray(ours._output_dense(heads[None, None]))[0, 0]
+            np.testing.assert_allclose(step[row, 0], expected, atol=1e-5)
 
 
 def test_cross_attention_cache_equals_recomputing():
@@ -95,6 +131,23 @@ def test_cross_attention_cache_equals_recomputing():
     expected = ours(query, value, attention_mask=mask)
     actual, cache = ours(query, attention_mask=mask, cache=ours.project_key_value(value))
     np.testing.assert_allclose(actual, expected, atol=1e-6)
+
+
+def test_grouped_cross_attention_equals_a_tiled_cache():
+    """G query rows per source read the source's keys and values once; the
+    twin tiles them to one copy per row, as beam search used to."""
+    ours, _ = _pair()
+    G = 3
+    query, value = np.random.randn(B * G, T, D), np.random.randn(B, S, D)
+    mask = _padding_mask([6, 2], S)
+    keys, values = ours.project_key_value(value)
+    tiled = (np.repeat(keys, G, axis=0), np.repeat(values, G, axis=0))
+    expected, expected_scores, _ = ours(query, attention_mask=np.repeat(mask, G, axis=0),
+                                        cache=tiled, return_attention_scores=True)
+    actual, scores, _ = ours(query, attention_mask=mask, cache=(keys, values),
+                             return_attention_scores=True)
+    np.testing.assert_allclose(actual, expected, atol=1e-6)
+    np.testing.assert_allclose(scores, expected_scores, atol=1e-6)  # (B * G, H, T, S)
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
