@@ -37,7 +37,9 @@ plot.
 
 import argparse
 import csv
+import importlib.util
 import json
+import logging
 import os
 import resource
 import shlex
@@ -54,16 +56,34 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from cli_common import LIBRARY_LOG_LINE  # noqa: E402  (TensorFlow's and sentencepiece's log lines)
-TRAIN_SCRIPT = os.path.join(ROOT, "train.py")
+# TensorFlow's and sentencepiece's log lines (a light import: no TensorFlow).
+from keras_transformer.cli.common import LIBRARY_LOG_LINE  # noqa: E402
+# The training command, as pip installs it (`keras-transformer train`).
+TRAIN_COMMAND = [sys.executable, "-m", "keras_transformer", "train"]
 SYSTEMS = ("ours", "keras_hub")
-LABELS = {"ours": "ours (train.py, beam 4)",
+LABELS = {"ours": "ours (keras-transformer train, beam 4)",
           "keras_hub": "keras.io KerasHub example (greedy)"}
 # The fractions of the budget at which the keras_hub run's weights are kept.
 KERAS_HUB_FRACTIONS = (0.25, 0.5, 0.75)
 SAMPLES = 3
 def log(message):
     print(f"quality_per_compute: {message}", file=sys.stderr, flush=True)
+
+
+class OnceEach(logging.Filter):
+    """Lets each distinct message through once: sacreBLEU warns that the keras.io
+    example's output (tokenized, as published) looks tokenized at every scoring."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def filter(self, record):
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
 
 
 # Scoring --------------------------------------------------------------------
@@ -170,8 +190,8 @@ def run_keras_hub(args, directory):
 
 
 def train_command(args, run_dir):
-    """train.py's command line: its defaults, stopped by CPU time, no test BLEU."""
-    command = [sys.executable, TRAIN_SCRIPT, "--data", args.corpus, "--out", run_dir,
+    """The train command line: its defaults, stopped by CPU time, no test BLEU."""
+    command = [*TRAIN_COMMAND, "--data", args.corpus, "--out", run_dir,
                "--time-budget", repr(args.cpu_seconds / 60), "--time-budget-clock", "cpu",
                "--test-sentences", "0", "--keep-checkpoints", str(args.keep_checkpoints),
                "--average-last", str(min(5, args.keep_checkpoints))]
@@ -274,6 +294,7 @@ def worker(args):
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
     if args.worker == "keras_hub":
+        logging.getLogger("sacrebleu").addFilter(OnceEach())
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         record = run_keras_hub(args, directory)
     else:
@@ -314,6 +335,25 @@ def run_worker(system, args):
         record = json.load(f)
     os.remove(output)
     return record
+
+
+def write_report(report, out_dir, plot_path):
+    """Writes `report` to OUT_DIR/report.json and stdout, then the plot: a plot is
+    optional, a finished run's figures are not. Without matplotlib, or if the plot
+    fails, one line on stderr says so."""
+    can_plot = importlib.util.find_spec("matplotlib") is not None
+    report["plot"] = plot_path if can_plot else None
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    print(json.dumps(report, indent=2), flush=True)
+    if not can_plot:
+        log("no plot: matplotlib is not installed (pip install matplotlib, or the "
+            "package's [benchmarks] extra); the figures are in report.json")
+        return
+    try:
+        plot(report, plot_path)
+    except Exception as error:  # noqa: BLE001 (the report is written; the plot is extra)
+        log(f"no plot: {type(error).__name__}: {error}; the figures are in report.json")
 
 
 def plot(report, path):
@@ -424,11 +464,7 @@ def main(argv=None):
             denominator = records["keras_hub"][key]
             report[f"{key}_ratio"] = (records["ours"][key] / denominator if denominator
                                       else None)
-    plot(report, plot_path)
-    report["plot"] = plot_path
-    with open(os.path.join(args.out_dir, "report.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    print(json.dumps(report, indent=2))
+    write_report(report, args.out_dir, plot_path)
     return 0
 
 

@@ -98,8 +98,8 @@ def test_export_translate_evaluate(run_dir, tmp_path):
 
 
 def test_evaluate_reads_corpora_as_train_does(tmp_path):
-    """--test takes train.py's --data forms: '{split}' paths and 'SOURCE,TARGET' files."""
-    import evaluate
+    """--test takes train's --data forms: '{split}' paths and 'SOURCE,TARGET' files."""
+    from keras_transformer.cli import evaluate
 
     for split in ("dev", "test"):
         (tmp_path / f"{split}.tsv").write_text(f"{split} one\tuno\n{split} two\tdos\n")
@@ -118,3 +118,34 @@ def test_evaluate_reads_corpora_as_train_does(tmp_path):
     assert pairs("--test", str(tmp_path / "test.tsv")) == [("test one", "uno"), ("test two", "dos")]
     with pytest.raises(FileNotFoundError, match="neither 'bundled'"):
         evaluate.load_pairs(evaluate.parse_args(["--run", str(tmp_path), "--test", "no.tsv"]))
+
+
+def test_the_command_dispatches_to_its_sub_commands(capsys):
+    """`keras-transformer COMMAND` (and `python -m keras_transformer COMMAND`) runs the
+    same command as the clone's COMMAND.py, naming itself in its messages."""
+    from keras_transformer import cli
+
+    assert cli.main(["--help"]) == 0
+    listing = capsys.readouterr().out
+    for command in cli.COMMANDS:
+        assert f"\n  {command:<10} " in listing
+    assert cli.main([]) == 2
+    assert cli.main(["trian"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "keras-transformer: unknown command 'trian'; choose one of train, export, translate, "
+        "evaluate (see --help)")
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["translate", "--export", "/nonexistent"])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "keras-transformer translate: --export /nonexistent is not a directory (see --help)")
+
+
+def test_python_dash_m_runs_the_command():
+    result = subprocess.run([sys.executable, "-m", "keras_transformer", "export", "--out", "x"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=600,
+                            env=dict(os.environ, PYTHONPATH=ROOT))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "python -m keras_transformer export: the following arguments are required: --run "
+        "(see --help)"]

@@ -1,4 +1,4 @@
-"""Every `python train.py` command line in the README runs: as written, with the
+"""Every `keras-transformer train` command line in the README runs: as written, with the
 steps, data sizes and (for the paper's models) the shape shrunk so that each
 takes seconds; TFDS corpora come from `tfds.testing.mock_data`."""
 
@@ -9,7 +9,7 @@ import shlex
 import keras
 import pytest
 
-import train
+from keras_transformer.cli import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Appended to each command: later flags win in argparse.
@@ -27,7 +27,7 @@ def readme_train_commands():
     for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
         for command in re.split(r"(?<!\\)\n", block):
             command = command.replace("\\\n", " ").split("#")[0].strip()
-            if command.startswith("python train.py"):
+            if command.startswith("keras-transformer train"):
                 commands.append(shlex.split(command)[2:])
     return commands
 

@@ -18,10 +18,10 @@ import pytest
 import tensorflow as tf
 
 import keras_transformer as kt  # also registers the classes model.keras holds
-import train
 from keras_transformer import budget
 from keras_transformer import runs
 from keras_transformer import training
+from keras_transformer.cli import train
 from keras_transformer.config import TrainingConfig
 from keras_transformer.config import TransformerConfig
 from keras_transformer.training import list_checkpoints
@@ -69,7 +69,7 @@ def test_bad_flags_and_paths_give_one_line(args, message, tmp_path, capsys):
     # In this process (no TensorFlow start-up per case); --verbose keeps stderr as it is.
     assert train.main([*args, "--out", str(tmp_path / "run"), "--verbose"]) == 2
     stderr = capsys.readouterr().err
-    lines = [line for line in stderr.splitlines() if line.startswith("train.py")]
+    lines = [line for line in stderr.splitlines() if line.startswith("keras-transformer train:")]
     assert len(lines) == 1 and message in lines[0], stderr
     assert "Traceback" not in stderr
     assert not os.path.exists(tmp_path / "run")  # refused before writing anything

@@ -1,7 +1,9 @@
-"""What the command lines (train.py, export.py, translate.py, evaluate.py) share.
+"""What the command lines (`keras-transformer train`, `export`, `translate`,
+`evaluate`) share.
 
-Kept outside the package on purpose: importing `keras_transformer` imports
-TensorFlow, and `--help` or a bad flag should answer at once.
+Imports no TensorFlow: importing this module sets TensorFlow's environment
+(below), which TensorFlow reads when it starts, and `--help` or a bad flag
+answers before TensorFlow is imported.
 """
 
 import argparse
@@ -24,7 +26,7 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 
 def corpus_source(data):
-    """A corpus flag (train.py --data, evaluate.py --test) as the `source` of
+    """A corpus flag (train --data, evaluate --test) as the `source` of
     `keras_transformer.data.load_parallel`: 'bundled', 'tfds:NAME[/CONFIG]',
     'SOURCE_FILE,TARGET_FILE' or one tab-separated file; paths may hold '{split}'."""
     if data == "bundled" or data.startswith("tfds:"):

@@ -1,0 +1,122 @@
+"""Translates a test set and prints its sacreBLEU score, signature and tokenized BLEU.
+
+    keras-transformer evaluate --export exports/demo                       # the bundled test split
+    keras-transformer evaluate --run runs/demo --test bundled --split dev --limit 200
+    keras-transformer evaluate --export exports/wmt --test tfds:wmt14_translate/de-en   # newstest2014
+    keras-transformer evaluate --export exports/demo --src test.en --ref test.es --output hyps.es
+
+sacreBLEU (13a tokenization, detokenized text) is the score to compare across
+papers; "tokenized BLEU" is computed on mteval-v14 international tokens like the
+paper-era tools (see keras_transformer/evaluation.py) and is the one to set
+beside the paper's Table 2.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+from keras_transformer.cli.common import OneLineErrorParser
+from keras_transformer.cli.common import corpus_source
+from keras_transformer.cli.common import quiet_libraries
+
+
+# How messages name the command (the clone's evaluate.py passes its own name).
+PROG = "keras-transformer evaluate"
+
+
+def parse_args(argv, prog=PROG):
+    parser = OneLineErrorParser(
+        prog=prog, description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--export", help="an export directory (written by keras-transformer export)")
+    model.add_argument("--run", help="a training run directory (written by keras-transformer train)")
+    parser.add_argument("--weights", choices=("averaged", "final"), default="averaged",
+                        help="with --run: which weights")
+    parser.add_argument("--test", default="bundled",
+                        help="'bundled', 'tfds:NAME[/CONFIG]', a tab-separated file or "
+                             "'SOURCE,TARGET' files, as train's --data (paths may hold "
+                             "'{split}', filled from --split)")
+    parser.add_argument("--split", default="test", help="split of --test")
+    parser.add_argument("--src", help="source file, one sentence a line (with --ref)")
+    parser.add_argument("--ref", help="reference file aligned with --src")
+    parser.add_argument("--source-language", help="TFDS/bundled language key of the source")
+    parser.add_argument("--target-language", help="TFDS/bundled language key of the target")
+    parser.add_argument("--limit", type=int, default=None, help="score the first N pairs")
+    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
+    parser.add_argument("--beam-size", type=int, default=None, help="default: 4")
+    parser.add_argument("--alpha", type=float, default=None, help="default: 0.6")
+    parser.add_argument("--extra-length", type=int, default=None, help="default: 50")
+    parser.add_argument("--output", help="write the translations here, one a line")
+    parser.add_argument("--json", action="store_true", help="print the scores as JSON")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                        help="progress bar on stderr")
+    args = parser.parse_args(argv)
+    for flag, path in (("--export", args.export), ("--run", args.run)):
+        if path is not None and not os.path.isdir(path):
+            parser.error(f"{flag} {path} is not a directory")
+    if (args.src is None) != (args.ref is None):
+        parser.error("--src and --ref go together")
+    for flag, path in (("--src", args.src), ("--ref", args.ref)):
+        if path is not None and not os.path.isfile(path):
+            parser.error(f"{flag} {path} does not exist")
+    if args.limit is not None and args.limit < 1:
+        parser.error(f"--limit must be >= 1. Received: {args.limit}")
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be >= 1. Received: {args.batch_size}")
+    return args
+
+
+def load_pairs(args):
+    from keras_transformer import data
+
+    if args.src is not None:
+        return data.load_parallel((args.src, args.ref))
+    source = corpus_source(args.test)
+    if args.test == "bundled" or args.test.startswith("tfds:"):
+        return data.load_parallel(
+            source, args.split, source_language=args.source_language,
+            target_language=args.target_language,
+        )
+    if "{split}" in args.test:  # as train's --data: 'corpus/{split}.tsv.gz'
+        return data.load_parallel(source, args.split)
+    if not all(map(os.path.isfile, source if isinstance(source, tuple) else [source])):
+        raise FileNotFoundError(
+            f"--test {args.test} is neither 'bundled', 'tfds:NAME' nor existing files"
+        )
+    return data.load_parallel(source)
+
+
+def main(argv=None, prog=PROG):
+    args = parse_args(sys.argv[1:] if argv is None else argv, prog)
+    if not args.verbose:
+        quiet_libraries()
+    from keras_transformer import evaluation
+
+    try:
+        pairs = load_pairs(args)
+        translator = evaluation.load_translator(args.export, args.run, args.weights)
+        result = evaluation.evaluate(
+            translator, pairs, args.batch_size, args.progress, limit=args.limit,
+            beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,
+        )
+    except (ValueError, FileNotFoundError) as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return 2
+    hypotheses = result.pop("hypotheses")
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.writelines(text.replace("\n", " ") + "\n" for text in hypotheses)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"sacreBLEU: {result['text']}")
+        print(f"  signature: {result['signature']}")
+        print(f"tokenized BLEU (paper-style): {result['tokenized_bleu']:.2f}")
+        print(f"  signature: {result['tokenized_signature']}")
+        print(f"{result['sentences']} sentences in {result['seconds']:.1f} s "
+              f"({result['sentences_per_second']:.1f} sentences/s)")
+    return 0
+

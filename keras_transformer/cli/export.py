@@ -1,0 +1,143 @@
+"""Exports a training run as a SavedModel that TensorFlow Serving runs.
+
+    keras-transformer export --run runs/demo --out exports/demo            # exports/demo/1/
+    keras-transformer export --run runs/demo --out exports/demo --weights final --version 7
+
+Writes EXPORT_DIR/<version>/ (saved_model.pb, variables/, assets/, and
+assets.extra/ with config.json and tf_serving_warmup_requests). The signatures:
+serving_default (text -> translation, score), translate and translate_nbest (text
+and optional beam_size, alpha, extra_length), translate_ids (ids -> ids, score).
+Before the version directory appears, the export is reloaded in a separate
+process that imports only tensorflow and tensorflow_text, and must translate a
+few sentences exactly as the in-memory model does.
+"""
+
+import argparse
+import os
+import sys
+
+from keras_transformer.cli.common import OneLineErrorParser
+from keras_transformer.cli.common import quiet_libraries
+
+
+# How messages name the command (the clone's export.py passes its own name).
+PROG = "keras-transformer export"
+
+
+def parse_args(argv, prog=PROG):
+    parser = OneLineErrorParser(
+        prog=prog, description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--run", required=True, help="the training run directory")
+    parser.add_argument("--out", required=True,
+                        help="the export base directory (TF Serving's model_base_path); "
+                             "with --format ctranslate2, the model directory (new)")
+    parser.add_argument("--format", choices=("savedmodel", "ctranslate2"), default="savedmodel",
+                        help="a SavedModel for TF Serving, or a CTranslate2 model with its "
+                             "sentencepiece model (needs pip install ctranslate2)")
+    parser.add_argument("--quantization", choices=("float32", "int8", "int8_float32", "int16"),
+                        default="float32", help="--format ctranslate2: the weights' type")
+    parser.add_argument("--weights", choices=("averaged", "final"), default="averaged",
+                        help="the run's averaged checkpoints (the paper's) or its final model")
+    parser.add_argument("--version", type=int, default=None,
+                        help="version directory; default: one more than the largest there")
+    parser.add_argument("--beam-size", type=int, default=4, help="default beam size K")
+    parser.add_argument("--alpha", type=float, default=0.6, help="default length penalty")
+    parser.add_argument("--extra-length", type=int, default=50,
+                        help="default output tokens allowed beyond the input length")
+    parser.add_argument("--beam-sizes", default="1,2,4,8",
+                        help="beam sizes callers may ask for (one program each)")
+    parser.add_argument("--max-input-length", type=int, default=None,
+                        help="longer inputs are truncated (default: the model's max_positions)")
+    parser.add_argument("--max-batch-size", type=int, default=256,
+                        help="requests of more sentences are refused (InvalidArgument), and "
+                             "the model server's batches are no larger")
+    parser.add_argument("--max-input-chars", type=int, default=10000,
+                        help="requests with a longer sentence are refused (InvalidArgument)")
+    parser.add_argument("--model-name", default=None,
+                        help="the model's name in the model server's models.config "
+                             "(default: the base name of --out)")
+    parser.add_argument("--jit-compile", action="store_true",
+                        help="compile the beam search with XLA (the model server must "
+                             "enable XLA JIT)")
+    parser.add_argument("--ids-only", action="store_true",
+                        help="export translate_ids alone, for TensorFlow without "
+                             "tensorflow-text ops")
+    parser.add_argument("--warmup-file", default=None,
+                        help="sentences (one a line) for the TF Serving warm-up requests "
+                             "and the reload check; default: two built-in sentences")
+    parser.add_argument("--no-check", action="store_true",
+                        help="skip reloading the export in a separate process")
+    args = parser.parse_args(argv)
+    try:
+        args.beam_sizes = tuple(int(k) for k in args.beam_sizes.split(","))
+    except ValueError:
+        parser.error(f"--beam-sizes must be comma-separated ints. Received: {args.beam_sizes!r}")
+    if not os.path.isdir(args.run):
+        parser.error(f"--run {args.run} is not a directory")
+    if args.warmup_file is not None and not os.path.isfile(args.warmup_file):
+        parser.error(f"--warmup-file {args.warmup_file} does not exist")
+    if args.version is not None and args.version < 1:
+        parser.error(f"--version must be >= 1. Received: {args.version}")
+    return args
+
+
+def main(argv=None, prog=PROG):
+    args = parse_args(sys.argv[1:] if argv is None else argv, prog)
+    if not args.verbose:
+        quiet_libraries()
+    # Imported after the flags are checked: a typo should not wait for TensorFlow.
+    from keras_transformer import runs
+    from keras_transformer import saved_model
+    from keras_transformer import serving
+
+    try:
+        model, tokenizer, run_config = runs.load_run(args.run, args.weights)
+        if args.format == "ctranslate2":
+            return export_ctranslate2(model, tokenizer, args, prog)
+        translator = serving.Translator(
+            model, None if args.ids_only else tokenizer, beam_size=args.beam_size, alpha=args.alpha,
+            extra_length=args.extra_length, max_input_length=args.max_input_length,
+            beam_sizes=args.beam_sizes, max_batch_size=args.max_batch_size,
+            max_input_chars=args.max_input_chars, jit_compile=args.jit_compile,
+        )
+        warmup = saved_model.WARMUP_TEXTS
+        if args.warmup_file is not None:
+            with open(args.warmup_file, encoding="utf-8") as f:
+                warmup = [line.rstrip("\n") for line in f if line.strip()][:32]
+        run_config = dict(run_config, weights=args.weights, run_dir=os.path.abspath(args.run))
+        path = saved_model.export_translator(
+            translator, args.out, args.version, config=run_config, warmup_texts=warmup,
+            check=not args.no_check,
+        )
+        server_files = saved_model.write_model_server_files(args.out, translator, args.model_name)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return 2
+    except saved_model.ExportError as error:
+        print(f"{prog}: the export failed its check: {error}", file=sys.stderr)
+        return 1
+    checked = "" if args.no_check else ", checked in a separate process"
+    print(f"{prog}: wrote {path}{checked}")
+    print(f"  saved_model_cli show --dir {path} --all")
+    print(f"  TF Serving: --model_config_file={os.path.basename(server_files[0])} "
+          f"--enable_batching --batching_parameters_file={os.path.basename(server_files[1])} "
+          f"(both in {args.out}; see README)")
+    return 0
+
+
+def export_ctranslate2(model, tokenizer, args, prog):
+    try:
+        from keras_transformer import ctranslate2_model
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        print(f"{prog}: --format ctranslate2 needs the ctranslate2 package: "
+              "pip install ctranslate2 (or the package's [ctranslate2] extra)", file=sys.stderr)
+        return 2
+    path = ctranslate2_model.export_ctranslate2(model, tokenizer, args.out, args.quantization)
+    print(f"{prog}: wrote {path} (CTranslate2, {args.quantization})")
+    print(f"  from keras_transformer.ctranslate2_model import translate_ctranslate2; "
+          f"translate_ctranslate2({path!r}, sentences)")
+    return 0
+

@@ -1,0 +1,205 @@
+"""Trains a Transformer with the paper's recipe (Sec. 5) and `model.fit`.
+
+    keras-transformer train --time-budget 5                   # bundled corpus, the CPU recipe for 5 minutes
+    keras-transformer train --data bundled --model cpu-small --steps 200 --out runs/demo
+    keras-transformer train --model cpu-medium --num-layers 3 --norm-first --out runs/deeper
+    keras-transformer train --data tfds:wmt14_translate/de-en --model base --vocab-size 37000 \\
+        --tokens-per-batch 25000 --steps 100000 --warmup-steps 4000 --learning-rate-scale 1 \\
+        --strategy mirrored --out runs/base
+
+The run directory holds config.json (the resolved configs), vocab/, checkpoints/,
+logs/ (TensorBoard), log.csv, averaged.weights.h5 and model.keras. Running again
+with the same --out resumes from the last checkpoint: same step, learning rate,
+optimizer state and position in the (deterministic) input pipeline.
+"""
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+import time
+
+from keras_transformer.cli.common import OneLineErrorParser
+from keras_transformer.cli.common import add_config_flags
+from keras_transformer.cli.common import corpus_source
+from keras_transformer.cli.common import corpus_splits
+from keras_transformer.cli.common import quiet_libraries
+
+# The budget counts from here: imports, the vocabulary, graph building and compilation.
+_START = {"wall": time.monotonic(), "cpu": time.process_time()}
+# TransformerConfig fields that train sets itself: the vocabulary's size and the
+# position table's length (from --max-sentence-tokens).
+_DERIVED_MODEL_FIELDS = ("vocab_size", "max_positions")
+
+
+# How messages name the command (the clone's train.py passes its own name).
+PROG = "keras-transformer train"
+
+
+def parse_args(argv, prog=PROG):
+    """The parsed flags, the TrainingConfig fields, the TransformerConfig
+    overrides, and which flags the command line set explicitly."""
+    from keras_transformer.config import TrainingConfig
+    from keras_transformer.config import TransformerConfig
+
+    def parser(defaults):
+        result = OneLineErrorParser(
+            prog=prog, description=__doc__.split("\n")[0],
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            argument_default=None if defaults else argparse.SUPPRESS,
+        )
+        result.add_argument("--out", default="runs/demo", help="the run directory")
+        result.add_argument("--tpu", default="", help="TPU name or address (--strategy tpu)")
+        add_config_flags(result, TrainingConfig, defaults)
+        model = result.add_argument_group(
+            "model shape", "override fields of the --model preset (default: the preset's)")
+        model.add_argument("--model-config", metavar="FILE.json",
+                           help="a whole TransformerConfig as JSON (e.g. the \"model\" of "
+                                "a run's config.json) instead of --model; its vocab_size and "
+                                "max_positions are replaced by the run's")
+        add_config_flags(model, TransformerConfig, defaults=False, skip=_DERIVED_MODEL_FIELDS)
+        return result
+
+    args = parser(defaults=True).parse_args(argv)
+    explicit = set(vars(parser(defaults=False).parse_args(argv)))
+    fields = {field.name: getattr(args, field.name) for field in dataclasses.fields(TrainingConfig)}
+    model_overrides = {
+        field.name: getattr(args, field.name) for field in dataclasses.fields(TransformerConfig)
+        if field.name in explicit and field.name not in _DERIVED_MODEL_FIELDS
+    }
+    return args, fields, model_overrides, explicit & set(fields)
+
+
+def main(argv=None, prog=PROG):
+    argv = sys.argv[1:] if argv is None else argv
+    if "--verbose" not in argv:  # before parse_args imports TensorFlow
+        quiet_libraries()
+    args, fields, model_overrides, explicit = parse_args(argv, prog)
+    try:
+        return run(args, fields, model_overrides, explicit, prog)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return 2
+
+
+def run(args, fields, model_overrides, explicit, prog=PROG):
+    # Heavy imports after argument parsing, so that --help is instant.
+    import keras
+
+    import keras_transformer as kt
+    from keras_transformer import budget
+    from keras_transformer import data
+    from keras_transformer import distributed
+    from keras_transformer import durable
+    from keras_transformer import evaluation
+    from keras_transformer import runs
+    from keras_transformer import training
+
+    # === Config: flags, or the saved config of the run being resumed ===
+    config, model_config, saved = runs.resolve_configs(
+        args.out, fields, explicit, model_overrides, args.model_config)
+    # The strategy first: a multi-worker one configures collectives, which must
+    # happen before TensorFlow runs anything.
+    strategy = distributed.make_strategy(config.strategy, tpu=args.tpu)
+    keras.utils.set_random_seed(config.seed)
+    training.set_precision(config.precision)
+    # On a multi-worker run every worker computes, only the chief writes, and --out
+    # must be on a filesystem all workers share (they read its vocab and checkpoints).
+    chief = distributed.is_chief(strategy)
+
+    # === Data and the shared vocabulary ===
+    source, splits = corpus_source(config.data), corpus_splits(config.data)
+    languages = dict(source_language=config.source_language,
+                     target_language=config.target_language)
+    train_pairs = data.load_parallel(source, splits["train"], **languages)
+    dev_pairs = data.load_parallel(source, splits["dev"], **languages)
+    if chief:  # one trainer per run directory, once the flags and data are checked
+        durable.lock_for_writing(args.out)
+    tokenizer = runs.load_vocabulary(  # the other workers wait for the chief's
+        args.out, train_pairs, config, chief, lambda: distributed.same_on_all_workers(strategy, 0))
+
+    # === Model, and the last checkpoint of a resumed run ===
+    model_config = dataclasses.replace(model_config, vocab_size=tokenizer.vocab_size)
+    runs.check_same_model(args.out, saved, model_config)
+    if chief and saved is None:
+        runs.write_config(args.out, model_config, config)
+    checkpoint_dir = os.path.join(args.out, runs.CHECKPOINTS)
+    with strategy.scope():
+        model = kt.build_transformer(model_config)
+        schedule = training.compile_for_training(
+            model, model_config.label_smoothing, config.warmup_steps, config.learning_rate_scale,
+            config.jit_compile, config.accumulate_steps)
+        step = training.restore_latest_checkpoint(model, checkpoint_dir, config.init_from)
+    distributed.require_same_on_all_workers(
+        strategy, step, f"the checkpoints in {checkpoint_dir}: this worker resumes at {step}")
+    if step:
+        print(f"Resuming {args.out} at step {step}.", flush=True)
+
+    # === Batches: each epoch planned from the seed, so a resumed run starts at its step ===
+    batch_args = dict(tokenizer=tokenizer, tokens_per_batch=config.tokens_per_batch,
+                      max_sentence_tokens=config.max_sentence_tokens,
+                      num_replicas=strategy.num_replicas_in_sync)
+    train_batches = data.TrainingBatches(train_pairs, seed=config.seed, **batch_args)
+    # Deterministic and full-size batches, so workers agree on each one and no
+    # replica gets an empty share.
+    dev_batches = data.make_batches(dev_pairs, shuffle=False, deterministic=True,
+                                    static_batch_size=True, **batch_args)
+
+    # === Time budget: time the first steps, then plan checkpoints and warm-up ===
+    clock = budget.TrainingClock(
+        config.time_budget * 60 or None, config.time_budget_clock,
+        start=_START[config.time_budget_clock], wall_start=_START["wall"])
+    max_steps = config.steps if "steps" in explicit or not config.time_budget else None
+    if config.time_budget and not step and budget.worth_planning(max_steps):
+        print(f"Timing the first {budget.CALIBRATION_STEPS} steps to plan a {config.time_budget:g}"
+              f"-minute ({config.time_budget_clock} clock) run...", flush=True)
+        config, step = budget.plan_run(model, schedule, train_batches.dataset(0), clock, config,
+                                       explicit, max_steps)
+        if chief:
+            runs.write_config(args.out, model_config, config)
+        print(f"Planned about {config.steps} steps: a checkpoint every "
+              f"{config.checkpoint_every}, warm-up {config.warmup_steps} to learning rate "
+              f"{schedule.peak_learning_rate():.2e}.", flush=True)
+
+    # === Fit: an epoch is a checkpoint interval ===
+    callbacks = training.run_callbacks(args.out, config, clock, chief, tokenizer, dev_pairs)
+    losses, step = training.fit_by_checkpoints(
+        model, lambda step: train_batches.dataset(step, config.accumulate_steps), dev_batches,
+        step, max_steps, config.checkpoint_every, config.steps, callbacks,
+        stop=clock.over_budget, budgeted=bool(config.time_budget),
+        accumulate_steps=config.accumulate_steps)
+    if train_batches.pairs_too_long:
+        print(f"Dropped {train_batches.pairs_too_long} training pairs longer than "
+              f"{config.max_sentence_tokens} tokens.")
+    if not all(map(math.isfinite, losses)):
+        print(f"{prog}: the loss diverged (NaN); the last good checkpoint is in "
+              f"{checkpoint_dir}", file=sys.stderr)
+        return 1
+    if not chief:
+        return 0
+    if config.time_budget:
+        runs.write_config(args.out, model_config, dataclasses.replace(config, steps=step))
+
+    # === Average the last checkpoints (Sec. 6.1) and save ===
+    durable.write_atomically(os.path.join(args.out, runs.FINAL_MODEL), model.save)
+    last = [path for _, path in training.list_checkpoints(checkpoint_dir)][-config.average_last:]
+    averaged_path = os.path.join(args.out, runs.AVERAGED_WEIGHTS)
+    averaged = training.save_average(model, last, averaged_path)
+    print(f"Trained {step} steps in {clock.elapsed() / 60:.1f} minutes "
+          f"({config.time_budget_clock} clock); averaged the last {len(last)} checkpoints "
+          f"into {averaged_path}")
+
+    # === Samples and test BLEU with the averaged weights, beam search ===
+    if not config.test_sentences:
+        return 0
+    test_pairs = data.load_parallel(source, splits["test"], **languages)
+    result = evaluation.evaluate(kt.Translator(averaged, tokenizer), test_pairs,
+                                 limit=config.test_sentences)
+    for pair, hypothesis in zip(test_pairs.take(3).as_numpy_iterator(), result["hypotheses"]):
+        print(f"\nsource:      {pair['source'].decode()}\ntranslation: {hypothesis}\n"
+              f"reference:   {pair['target'].decode()}")
+    print(f"\nTest BLEU on {result['sentences']} sentences: {result['bleu']:.2f} "
+          f"({result['signature']})")
+    return 0
+

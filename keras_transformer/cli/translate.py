@@ -1,0 +1,96 @@
+"""Translates a text file (or stdin), one sentence a line, with an export or a run.
+
+    keras-transformer translate --export exports/demo input.en > output.es
+    echo "In the beginning God created the heavens and the earth." | \
+        keras-transformer translate --run runs/demo
+
+Every input line gives one output line, empty lines included, so the output
+aligns with the input. A progress bar appears on stderr for inputs of 200 lines
+or more (--progress / --no-progress to choose). Decoding is the paper's (beam 4,
+alpha 0.6, input length + 50) unless the flags say otherwise; inputs longer than
+the model's maximum length are truncated.
+"""
+
+import argparse
+import os
+import sys
+
+from keras_transformer.cli.common import OneLineErrorParser
+from keras_transformer.cli.common import quiet_libraries
+
+
+# How messages name the command (the clone's translate.py passes its own name).
+PROG = "keras-transformer translate"
+
+
+def parse_args(argv, prog=PROG):
+    parser = OneLineErrorParser(
+        prog=prog, description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--export", help="an export directory (written by keras-transformer export)")
+    source.add_argument("--run", help="a training run directory (written by keras-transformer train)")
+    parser.add_argument("input", nargs="?", default="-",
+                        help="the text file to translate; - for stdin")
+    parser.add_argument("--output", "-o", default="-", help="where to write; - for stdout")
+    parser.add_argument("--weights", choices=("averaged", "final"), default="averaged",
+                        help="with --run: which weights")
+    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
+    parser.add_argument("--beam-size", type=int, default=None, help="default: 4")
+    parser.add_argument("--alpha", type=float, default=None, help="default: 0.6")
+    parser.add_argument("--extra-length", type=int, default=None, help="default: 50")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar on stderr (default: for 200 lines or more)")
+    args = parser.parse_args(argv)
+    for flag, path in (("--export", args.export), ("--run", args.run)):
+        if path is not None and not os.path.isdir(path):
+            parser.error(f"{flag} {path} is not a directory")
+    if args.input != "-" and not os.path.isfile(args.input):
+        parser.error(f"input file {args.input} does not exist")
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be >= 1. Received: {args.batch_size}")
+    return args
+
+
+def read_lines(path):
+    stream = sys.stdin.buffer if path == "-" else open(path, "rb")
+    with stream:
+        # Invalid UTF-8 is not fatal: the model sees U+FFFD for those bytes.
+        return [line.decode("utf-8", "replace").rstrip("\r\n") for line in stream]
+
+
+def main(argv=None, prog=PROG):
+    args = parse_args(sys.argv[1:] if argv is None else argv, prog)
+    if not args.verbose:
+        quiet_libraries()
+    from keras_transformer import evaluation
+
+    lines = read_lines(args.input)
+    try:
+        translator = evaluation.load_translator(args.export, args.run, args.weights)
+        translations = evaluation.translate_sentences(
+            translator, lines, args.batch_size,
+            progress="auto" if args.progress is None else args.progress,
+            beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,
+        )
+    except (ValueError, FileNotFoundError) as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return 2
+    output = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+    with output if args.output != "-" else _NoClose(output):
+        for text in translations:
+            output.write(text.replace("\n", " ") + "\n")
+    return 0
+
+
+class _NoClose:
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __enter__(self):
+        return self.stream
+
+    def __exit__(self, *exc):
+        self.stream.flush()
+
