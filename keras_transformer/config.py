@@ -11,6 +11,10 @@ import json
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned")
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+# TrainingConfig.precision and jit_compile "auto": chosen for the device at the
+# start of a run (`keras_transformer.hardware.resolve`).
+AUTO = "auto"
+JIT_COMPILE = (AUTO, "on", "off")
 TIME_BUDGET_CLOCKS = ("wall", "cpu")
 # TrainingConfig.model "auto": the CPU preset for the time budget, by the budget's
 # CPU-minutes (wall-clock minutes count once per core the process may use).
@@ -274,10 +278,22 @@ class TrainingConfig:
         test_sentences: test sentences translated for the final BLEU (0: no
             final evaluation).
         strategy: "auto", "one_device", "mirrored", "multi_worker" or "tpu".
-        precision: "float32", "mixed_float16" or "mixed_bfloat16".
-        jit_compile: compile the training step with XLA: as fast as without
-            for the CPU presets (and a compilation per batch shape), 8% faster
-            steps for the base model on a CPU.
+        precision: "float32", "mixed_float16", "mixed_bfloat16", or "auto":
+            mixed_bfloat16 on GPUs and TPUs with bfloat16 and on CPUs with
+            bfloat16 instructions (AMX, AVX512-BF16), mixed_float16 on older
+            GPUs, else float32.
+        jit_compile: compile the training step with XLA: "on", "off", or
+            "auto": on for GPUs and TPUs, off on a CPU (where it costs a
+            compilation per batch shape for no faster step).
+        length_buckets: the number of padded lengths that batches come in, each
+            one XLA compilation (the rows of a bucket's batches are fixed by
+            tokens_per_batch); chosen to pad least for the corpus. 0: fine
+            buckets, every multiple of 8 that grows by about 10% (20 up to 256
+            tokens) on a CPU, 8 on GPUs and TPUs.
+        compilation_cache: a directory where XLA keeps the programs it compiled
+            (and on a GPU its GEMM autotuning), so that a resumed run or another
+            run of the same shapes loads them instead of compiling again; ""
+            for none.
         seed: seeds weights, dropout and shuffling.
     """
 
@@ -303,11 +319,15 @@ class TrainingConfig:
     bleu_sentences: int = 100
     test_sentences: int = 500
     strategy: str = "auto"
-    precision: str = "float32"
-    jit_compile: bool = False
+    precision: str = AUTO
+    jit_compile: str = dataclasses.field(default=AUTO, metadata={"bare_flag": "on"})
+    length_buckets: int = 0
+    compilation_cache: str = "~/.cache/keras_transformer/xla"
     seed: int = 0
 
     def __post_init__(self):
+        if isinstance(self.jit_compile, bool):  # runs written before "auto" existed
+            object.__setattr__(self, "jit_compile", "on" if self.jit_compile else "off")
         positive = ("vocab_size", "vocab_sentences", "steps", "tokens_per_batch",
                     "accumulate_steps", "max_sentence_tokens",
                     "warmup_steps", "checkpoint_every", "keep_checkpoints", "average_last",
@@ -315,7 +335,7 @@ class TrainingConfig:
         for name in positive:
             value = getattr(self, name)
             _require(name, value, value >= 1, "must be >= 1", "TrainingConfig")
-        for name in ("bleu_every", "test_sentences", "seed", "time_budget"):
+        for name in ("bleu_every", "test_sentences", "seed", "time_budget", "length_buckets"):
             value = getattr(self, name)
             _require(name, value, value >= 0, "must be >= 0", "TrainingConfig")
         _require("learning_rate_scale", self.learning_rate_scale,
@@ -330,8 +350,10 @@ class TrainingConfig:
                  f"must be <= keep_checkpoints ({self.keep_checkpoints})", "TrainingConfig")
         _require("strategy", self.strategy, self.strategy in STRATEGIES,
                  f"must be {_one_of(STRATEGIES)}", "TrainingConfig")
-        _require("precision", self.precision, self.precision in PRECISIONS,
-                 f"must be {_one_of(PRECISIONS)}", "TrainingConfig")
+        _require("precision", self.precision, self.precision in (AUTO, *PRECISIONS),
+                 f"must be {_one_of((AUTO, *PRECISIONS))}", "TrainingConfig")
+        _require("jit_compile", self.jit_compile, self.jit_compile in JIT_COMPILE,
+                 f"must be {_one_of(JIT_COMPILE)}", "TrainingConfig")
         _require("time_budget_clock", self.time_budget_clock,
                  self.time_budget_clock in TIME_BUDGET_CLOCKS,
                  f"must be {_one_of(TIME_BUDGET_CLOCKS)}", "TrainingConfig")

@@ -38,7 +38,7 @@ AVERAGED_WEIGHTS = "averaged.weights.h5"
 FINAL_MODEL = "model.keras"
 WEIGHTS = {"averaged": AVERAGED_WEIGHTS, "final": FINAL_MODEL}
 # What a resumed run may change: how long it trains.
-RESUMABLE_CHANGES = ("steps", "time_budget", "time_budget_clock")
+RESUMABLE_CHANGES = ("steps", "time_budget", "time_budget_clock", "compilation_cache")
 
 
 def load_run(run_dir, weights="averaged"):

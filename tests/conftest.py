@@ -6,6 +6,12 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+# The numeric tests compare float32 results to 1e-5 and tighter; on GPUs from
+# NVIDIA's Ampere on, TensorFlow multiplies float32 matrices in TF32 (10-bit
+# mantissas, about 1e-3 relative error) unless told not to.
+tf.config.experimental.enable_tensor_float_32_execution(False)
 
 
 @pytest.fixture(autouse=True)

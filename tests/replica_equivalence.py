@@ -9,6 +9,9 @@ starts):
     python tests/replica_equivalence.py multi_worker INDEX HOST:PORT,HOST:PORT
         MultiWorkerMirroredStrategy, this process being worker INDEX of the
         cluster; start one process per worker.
+    python tests/replica_equivalence.py mirrored_gpu 2 nccl|hierarchical
+        MirroredStrategy over 2 logical GPUs carved from the first GPU, with NCCL
+        or hierarchical-copy all-reduce; the one device is that GPU, TF32 off.
 """
 
 import json
@@ -21,6 +24,17 @@ GLOBAL_BATCH = 16
 
 
 def make_strategy(mode, args):
+    if mode == "mirrored_gpu":
+        num_replicas, reduce = int(args[0]), args[1]
+        # Float32 matmuls in float32: TF32 would round each replica's differently.
+        tf.config.experimental.enable_tensor_float_32_execution(False)
+        gpu = tf.config.list_physical_devices("GPU")[0]
+        tf.config.set_logical_device_configuration(
+            gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=2048)] * num_replicas)
+        cross_device_ops = {"nccl": tf.distribute.NcclAllReduce,
+                            "hierarchical": tf.distribute.HierarchicalCopyAllReduce}[reduce]()
+        return tf.distribute.MirroredStrategy(
+            [f"/gpu:{i}" for i in range(num_replicas)], cross_device_ops=cross_device_ops)
     if mode == "mirrored":
         num_replicas = int(args[0])
         cpu = tf.config.list_physical_devices("CPU")[0]
@@ -76,7 +90,8 @@ def main(mode, args):
         return model.get_weights(), history.history["loss"][-1]
 
     distributed, distributed_loss = train(strategy)
-    one, one_loss = train(tf.distribute.OneDeviceStrategy("/cpu:0"))
+    one, one_loss = train(tf.distribute.OneDeviceStrategy(
+        "/gpu:0" if mode == "mirrored_gpu" else "/cpu:0"))
     num_replicas = strategy.num_replicas_in_sync
     # Tokens each replica sees in each global batch: Keras's own per-replica mean
     # would weight these unevenly.

@@ -449,3 +449,23 @@ def test_main_job_end_to_end(tmp_path):
     scores = script("evaluate.py", "--export", export, "--test", "bundled", "--split", "test",
                     "--limit", "10", "--no-progress")
     assert "BLEU" in scores
+
+
+@pytest.mark.slow
+def test_a_second_run_loads_what_xla_compiled(tmp_path):
+    """--compilation-cache: the second run of the same shapes loads the compiled
+    training and dev steps instead of compiling them (TensorFlow's own log says so)."""
+    cache = tmp_path / "xla"
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="0",
+               TF_CPP_VMODULE="device_executable_persistor=3")
+    env.pop("TF_XLA_FLAGS", None)
+    loads = []
+    for run in ("first", "second"):
+        command = [sys.executable, os.path.join(ROOT, "train.py"), *QUICK, "--steps", "2",
+                   "--jit-compile", "--compilation-cache", str(cache), "--verbose",
+                   "--out", str(tmp_path / run)]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, result.stderr[-3000:]
+        loads.append(result.stderr.count("Loading cached entry"))
+    assert loads[0] == 0 and loads[1] >= 2, loads  # the training step and the dev step
+    assert len(list(cache.glob("xla_compile_cache_*.pb"))) >= 2

@@ -25,6 +25,28 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 
+def use_compilation_cache(directory):
+    """Keeps what XLA compiles in `directory` (created), for later processes:
+    TensorFlow's persistent cache of compiled programs (every device type) and,
+    on a GPU, XLA's GEMM autotuning results. Set before TensorFlow starts, which
+    reads TF_XLA_FLAGS and XLA_FLAGS once; flags already in the environment win.
+    "" keeps nothing."""
+    if not directory:
+        return
+    directory = os.path.abspath(os.path.expanduser(directory))
+    os.makedirs(os.path.join(directory, "autotune"), exist_ok=True)
+    flags = os.environ.get("TF_XLA_FLAGS", "")
+    if "--tf_xla_persistent_cache_directory" not in flags:
+        os.environ["TF_XLA_FLAGS"] = (
+            f"{flags} --tf_xla_persistent_cache_directory={directory} "
+            "--tf_xla_persistent_cache_device_types=CPU,GPU,TPU").strip()
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "--xla_gpu_per_fusion_autotune_cache_dir" not in flags:
+        os.environ["XLA_FLAGS"] = (
+            f"{flags} --xla_gpu_per_fusion_autotune_cache_dir="
+            f"{os.path.join(directory, 'autotune')}").strip()
+
+
 def corpus_source(data):
     """A corpus flag (train --data, evaluate --test) as the `source` of
     `keras_transformer.data.load_parallel`: 'bundled', 'tfds:NAME[/CONFIG]',
@@ -63,6 +85,9 @@ def add_config_flags(parser, dataclass, defaults=True, skip=()):
         default = field.default if defaults else argparse.SUPPRESS
         if field.type is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction,
+                                default=default, help=helps.get(field.name))
+        elif "bare_flag" in field.metadata:  # `--jit-compile` alone means `--jit-compile on`
+            parser.add_argument(flag, nargs="?", const=field.metadata["bare_flag"],
                                 default=default, help=helps.get(field.name))
         else:
             kind = {int: int, float: float, "int | None": int}.get(field.type, str)

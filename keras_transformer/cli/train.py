@@ -25,6 +25,7 @@ from keras_transformer.cli.common import add_config_flags
 from keras_transformer.cli.common import corpus_source
 from keras_transformer.cli.common import corpus_splits
 from keras_transformer.cli.common import quiet_libraries
+from keras_transformer.cli.common import use_compilation_cache
 
 # The budget counts from here: imports, the vocabulary, graph building and compilation.
 _START = {"wall": time.monotonic(), "cpu": time.process_time()}
@@ -76,6 +77,7 @@ def main(argv=None, prog=PROG):
     if "--verbose" not in argv:  # before parse_args imports TensorFlow
         quiet_libraries()
     args, fields, model_overrides, explicit = parse_args(argv, prog)
+    use_compilation_cache(args.compilation_cache)  # read when TensorFlow starts
     try:
         return run(args, fields, model_overrides, explicit, prog)
     except (ValueError, FileNotFoundError) as error:
@@ -93,6 +95,7 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     from keras_transformer import distributed
     from keras_transformer import durable
     from keras_transformer import evaluation
+    from keras_transformer import hardware
     from keras_transformer import runs
     from keras_transformer import training
 
@@ -102,6 +105,9 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     # The strategy first: a multi-worker one configures collectives, which must
     # happen before TensorFlow runs anything.
     strategy = distributed.make_strategy(config.strategy, tpu=args.tpu)
+    # "auto" settings fit the device: XLA, bfloat16 and few batch shapes on accelerators.
+    config, device_line = hardware.resolve(config, hardware.detect(strategy))
+    print(device_line, flush=True)
     keras.utils.set_random_seed(config.seed)
     training.set_precision(config.precision)
     # On a multi-worker run every worker computes, only the chief writes, and --out
@@ -129,7 +135,7 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
         model = kt.build_transformer(model_config)
         schedule = training.compile_for_training(
             model, model_config.label_smoothing, config.warmup_steps, config.learning_rate_scale,
-            config.jit_compile, config.accumulate_steps)
+            config.jit_compile == "on", config.accumulate_steps)
         step = training.restore_latest_checkpoint(model, checkpoint_dir, config.init_from)
     distributed.require_same_on_all_workers(
         strategy, step, f"the checkpoints in {checkpoint_dir}: this worker resumes at {step}")
@@ -140,11 +146,19 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     batch_args = dict(tokenizer=tokenizer, tokens_per_batch=config.tokens_per_batch,
                       max_sentence_tokens=config.max_sentence_tokens,
                       num_replicas=strategy.num_replicas_in_sync)
-    train_batches = data.TrainingBatches(train_pairs, seed=config.seed, **batch_args)
+    train_batches = data.TrainingBatches(train_pairs, seed=config.seed,
+                                         num_buckets=config.length_buckets or None, **batch_args)
+    shapes = train_batches.shapes
+    print(f"Batches in {len(shapes)} shapes (rows x length): "
+          f"{', '.join(f'{rows}x{length}' for rows, length, _ in shapes)}; padding "
+          f"{train_batches.padding['source']:.1%} of source and "
+          f"{train_batches.padding['target']:.1%} of target tokens.", flush=True)
     # Deterministic and full-size batches, so workers agree on each one and no
-    # replica gets an empty share.
+    # replica gets an empty share; in the training batches' lengths.
     dev_batches = data.make_batches(dev_pairs, shuffle=False, deterministic=True,
-                                    static_batch_size=True, **batch_args)
+                                    static_batch_size=True,
+                                    bucket_boundaries=train_batches.bucket_boundaries,
+                                    **batch_args)
 
     # === Time budget: time the first steps, then plan checkpoints and warm-up ===
     clock = budget.TrainingClock(

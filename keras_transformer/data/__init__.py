@@ -3,7 +3,7 @@
 Never imports the model.
 """
 
-from keras_transformer.data.batching import BatchStats, bucket_lengths, make_batches
+from keras_transformer.data.batching import BatchStats, bucket_lengths, fit_bucket_lengths, make_batches
 from keras_transformer.data.corpora import bundled_manifest, load_parallel
 from keras_transformer.data.tokenizer import SubwordTokenizer
 from keras_transformer.data.training_batches import TrainingBatches
@@ -19,6 +19,7 @@ __all__ = [
     "UNK_ID",
     "bucket_lengths",
     "bundled_manifest",
+    "fit_bucket_lengths",
     "load_parallel",
     "make_batches",
 ]

@@ -53,6 +53,63 @@ def bucket_lengths(max_sentence_tokens, granularity=8, growth=1.1):
     return lengths
 
 
+def fit_bucket_lengths(lengths, num_buckets, max_sentence_tokens, granularity=8):
+    """The `num_buckets` padded lengths (multiples of `granularity`, the last one
+    holding the longest of `lengths`) that pad `lengths` least, and
+    `max_sentence_tokens` after them when the longest is shorter (a bucket that
+    holds none of `lengths`, so gives no batch shape).
+
+    Each length goes to the smallest bucket length that holds it, and costs that
+    many tokens; the choice minimizing their sum is exact, by dynamic programming
+    over the multiples of `granularity` up to the longest length (O(num_buckets
+    x M^2) for M multiples). On an accelerator every bucket is one XLA
+    compilation of the training step, so a few well-placed buckets beat many.
+
+    Args:
+        lengths: int array, each pair's padded length need (the longer of its
+            source and its target + 1), all <= max_sentence_tokens.
+        num_buckets: the most buckets (fewer when fewer multiples are needed).
+        max_sentence_tokens: the longest length allowed; the last bucket.
+        granularity: every bucket length is a multiple of it, or max_sentence_tokens.
+
+    Returns:
+        A list of increasing ints, ending with max_sentence_tokens.
+    """
+    import numpy as np
+
+    lengths = np.asarray(lengths, np.int64)
+    if num_buckets < 1 or not lengths.size or lengths.max() > max_sentence_tokens:
+        raise ValueError(
+            "fit_bucket_lengths needs num_buckets >= 1 and lengths that are not empty and "
+            f"<= max_sentence_tokens. Received: num_buckets={num_buckets}, "
+            f"{lengths.size} lengths, longest {lengths.max() if lengths.size else None}, "
+            f"max_sentence_tokens={max_sentence_tokens}")
+    longest = min(-(-int(lengths.max()) // granularity) * granularity, max_sentence_tokens)
+    candidates = sorted({*range(granularity, longest, granularity), longest})
+    # counts[j]: lengths whose smallest candidate is candidates[j].
+    counts = np.bincount(np.searchsorted(candidates, lengths, side="left"),
+                         minlength=len(candidates))
+    prefix = np.concatenate([[0], np.cumsum(counts)])
+    m = len(candidates)
+    # cost[k][j]: the least tokens for the lengths up to candidates[j] with k + 1
+    # buckets, the last at candidates[j]; choice[k][j]: the bucket before it.
+    cost = np.full((num_buckets, m), np.inf)
+    choice = np.full((num_buckets, m), -1)
+    cost[0] = [candidates[j] * prefix[j + 1] for j in range(m)]
+    for k in range(1, num_buckets):
+        for j in range(m):
+            for i in range(j):
+                total = cost[k - 1][i] + candidates[j] * (prefix[j + 1] - prefix[i + 1])
+                if total < cost[k][j]:
+                    cost[k][j], choice[k][j] = total, i
+    k = int(np.argmin(cost[:, m - 1]))  # fewer buckets if more do not pad less
+    chosen, j = [], m - 1
+    while j >= 0:
+        chosen.append(candidates[j])
+        j, k = choice[k][j], k - 1
+    return sorted({*chosen, max_sentence_tokens})
+
+
 class BatchStats:
     """Counters that `make_batches` updates while its dataset is read.
 

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from keras_transformer.data.batching import CHUNK_SIZE
 from keras_transformer.data.batching import bucket_lengths
+from keras_transformer.data.batching import fit_bucket_lengths
 from keras_transformer.data.batching import pad_batch
 from keras_transformer.data.batching import validate
 
@@ -47,13 +48,23 @@ class TrainingBatches:
         seed: int, the seed of every epoch's shuffles.
         num_replicas: `strategy.num_replicas_in_sync`; a batch holds num_replicas x
             (tokens_per_batch // L) pairs.
-        bucket_boundaries: the buckets' padded lengths; `bucket_lengths(max_sentence_tokens)`
-            when None.
+        bucket_boundaries: the buckets' padded lengths; when None, the
+            `num_buckets` lengths that pad this corpus least
+            (`fit_bucket_lengths`), or with no `num_buckets` the fine buckets
+            `bucket_lengths(max_sentence_tokens)`.
+        num_buckets: see `bucket_boundaries`: on an accelerator, where XLA
+            compiles the training step once per batch shape, a few (8).
 
     Attributes:
         pairs: int, the pairs kept.
         pairs_too_long: int, the pairs dropped for their length.
         batches_per_epoch: int.
+        bucket_boundaries: the buckets' padded lengths (list of ints).
+        shapes: the `(rows, source length, target length)` of the batches
+            `dataset` yields, one per bucket that fills a batch: the training
+            step's shapes, each an XLA compilation.
+        padding: `{"source": fraction, "target": fraction}`, the share of an
+            epoch's batch tokens that are padding (the target counts its EOS).
 
     Example:
     ```python
@@ -65,14 +76,10 @@ class TrainingBatches:
     """
 
     def __init__(self, pairs, tokenizer, tokens_per_batch=25000, max_sentence_tokens=256, *,
-                 seed, num_replicas=1, bucket_boundaries=None):
+                 seed, num_replicas=1, bucket_boundaries=None, num_buckets=None):
         if max_sentence_tokens < 1:
             raise ValueError("max_sentence_tokens must be positive. "
                              f"Received: max_sentence_tokens={max_sentence_tokens}")
-        boundaries = [int(length) for length in
-                      bucket_boundaries or bucket_lengths(max_sentence_tokens)]
-        validate(tokens_per_batch, max_sentence_tokens, num_replicas, boundaries,
-                 shuffle=True, seed=seed, deterministic=True, shuffle_buffer_size=1)
         self.seed = int(seed)
         source, target = _tokenize(pairs, tokenizer)
         source_lengths, target_lengths = np.diff(source[1]), np.diff(target[1])
@@ -81,10 +88,26 @@ class TrainingBatches:
         keep = length <= max_sentence_tokens
         self.pairs_too_long = int((~keep).sum())
         self.pairs = int(keep.sum())
+        if bucket_boundaries is None and num_buckets and self.pairs:
+            bucket_boundaries = fit_bucket_lengths(length[keep], num_buckets,
+                                                   max_sentence_tokens)
+        boundaries = [int(length) for length in
+                      bucket_boundaries or bucket_lengths(max_sentence_tokens)]
+        validate(tokens_per_batch, max_sentence_tokens, num_replicas, boundaries,
+                 shuffle=True, seed=seed, deterministic=True, shuffle_buffer_size=1)
+        self.bucket_boundaries = boundaries
         bucket = np.searchsorted(boundaries, length[keep], side="left")
         sizes = np.array([num_replicas * (tokens_per_batch // size) for size in boundaries])
         counts = np.bincount(bucket, minlength=len(boundaries))
         self.batches_per_epoch = int((counts // sizes).sum())
+        self.shapes = [(int(size), boundary, boundary) for size, boundary, count
+                       in zip(sizes, boundaries, counts) if count >= size]
+        # Every pair of a full batch is padded to its bucket's length (the partial
+        # batches that sit an epoch out are too few to count).
+        padded = np.asarray(boundaries)[bucket].sum()
+        self.padding = {side: round(1 - float(real[keep].sum()) / max(padded, 1), 4)
+                        for side, real in (("source", source_lengths),
+                                           ("target", target_lengths + 1))}
         if not self.batches_per_epoch:
             raise ValueError(
                 f"The training corpus fills no batch: its {self.pairs} pairs (of at most "

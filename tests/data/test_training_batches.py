@@ -86,3 +86,50 @@ def test_a_corpus_too_small_for_a_batch_is_refused(dev_pairs, tokenizer):
         data.TrainingBatches(dev_pairs.take(0), tokenizer, BUDGET, MAX_LENGTH, seed=0)
     with pytest.raises(ValueError, match="tokens_per_batch must be at least"):
         data.TrainingBatches(dev_pairs, tokenizer, 32, MAX_LENGTH, seed=0)
+
+
+def test_fit_bucket_lengths_pads_least_of_every_choice():
+    """Against the obvious twin: every set of at most K multiples of 8 that ends
+    with a bucket holding the longest length, tried one by one."""
+    import itertools
+
+    rng = np.random.RandomState(3)
+    for trial in range(6):
+        lengths = np.minimum(rng.lognormal(2.8, 0.6, 300).astype(int) + 1, 56)
+        longest = -(-int(lengths.max()) // 8) * 8
+        candidates = list(range(8, longest, 8))
+        for k in (1, 2, 3, 4):
+            best = min(
+                (sum(min(b for b in (*chosen, longest) if b >= n) for n in lengths),
+                 (*chosen, longest))
+                for r in range(k) for chosen in itertools.combinations(candidates, r))
+            fitted = data.fit_bucket_lengths(lengths, k, max_sentence_tokens=64)
+            assert fitted[-1] == 64 and len(fitted) <= k + 1
+            holding = [b for b in fitted if b <= longest]
+            cost = sum(min(b for b in fitted if b >= n) for n in lengths)
+            assert cost == best[0], (trial, k, fitted, best)
+            assert len(holding) <= k
+    with pytest.raises(ValueError, match="lengths that are not empty and <= max_sentence"):
+        data.fit_bucket_lengths([70], 4, max_sentence_tokens=64)
+
+
+def test_the_listed_shapes_are_the_batch_shapes(dev_pairs, tokenizer, reference):
+    """`shapes` lists exactly the shapes an epoch yields, one per bucket, and
+    `padding` is the share of padding in the batches."""
+    kept, _ = reference
+    fine = data.TrainingBatches(dev_pairs, tokenizer, BUDGET, MAX_LENGTH, seed=5)
+    few = data.TrainingBatches(dev_pairs, tokenizer, BUDGET, MAX_LENGTH, seed=5, num_buckets=3)
+    assert len(fine.shapes) > len(few.shapes) == 3
+    lengths = [max(len(source), len(target) + 1) for source, target in kept]
+    assert few.bucket_boundaries == data.fit_bucket_lengths(lengths, 3, MAX_LENGTH)
+    for batches in (fine, few):
+        epoch = read_batches(batches.dataset().take(batches.batches_per_epoch))
+        seen = {(rows, length, length) for (rows, length), _ in epoch}
+        assert seen == set(batches.shapes)
+        padded = sum(rows * length for (rows, length), _ in epoch)
+        real_source = sum(len(source) for _, pairs in epoch for source, _ in pairs)
+        real_target = sum(len(target) + 1 for _, pairs in epoch for _, target in pairs)
+        # Measured over every pair kept; the partial batches that sit out differ a little.
+        assert batches.padding["source"] == pytest.approx(1 - real_source / padded, abs=0.02)
+        assert batches.padding["target"] == pytest.approx(1 - real_target / padded, abs=0.02)
+    assert few.padding["source"] > fine.padding["source"]

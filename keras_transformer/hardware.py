@@ -1,0 +1,133 @@
+"""The device a run trains on, and the settings that fit it (`--precision auto`,
+`--jit-compile auto`, `--length-buckets 0`).
+
+What `auto` picks, and why (each choice measured; see README, "Training on a GPU"):
+- GPUs and TPUs: XLA, since without it the base model's step was 2.7x slower on an
+  H100 (0.271 s against 0.100 s in float32); mixed_bfloat16 where the device has
+  bfloat16 (TPUs, NVIDIA compute capability 8.0 and later: 1.75x float32's step
+  under XLA on an H100), mixed_float16 with loss scaling on older GPUs; batches
+  in a few fixed shapes, so that XLA compiles a known number of times.
+- CPUs: TensorFlow's own kernels (XLA:CPU's matrix multiplies are slower than
+  oneDNN's, and every batch shape compiles); mixed_bfloat16 where the CPU
+  multiplies bfloat16 in hardware (AMX, AVX512-BF16: 1.57x and 1.56x float32's
+  step for cpu-small and base), else float32; the fine length buckets.
+
+Imports TensorFlow only in `detect`.
+"""
+
+import dataclasses
+import os
+import platform
+
+from keras_transformer.config import AUTO
+
+# Length buckets that XLA compiles once each on an accelerator (see
+# `data.fit_bucket_lengths`).
+ACCELERATOR_LENGTH_BUCKETS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """What trains: `kind` "cpu", "gpu" or "tpu", `count` of them, `name`, the
+    GPU's `compute_capability` `(major, minor)`, and the CPU's `cpu_flags`."""
+
+    kind: str
+    count: int = 1
+    name: str = ""
+    compute_capability: tuple = ()
+    cpu_flags: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def has_bfloat16(self):
+        """Whether matrix multiplies run in bfloat16 in hardware."""
+        if self.kind == "tpu":
+            return True
+        if self.kind == "gpu":
+            return tuple(self.compute_capability) >= (8, 0)
+        return bool(self.cpu_flags.get("amx_bf16") or self.cpu_flags.get("avx512_bf16"))
+
+    def describe(self):
+        """One line for people, e.g. "1 GPU (NVIDIA H100 80GB HBM3, compute 9.0)"."""
+        if self.kind == "gpu":
+            capability = ".".join(map(str, self.compute_capability))
+            return f"{self.count} GPU{'s' * (self.count > 1)} ({self.name}, compute {capability})"
+        if self.kind == "tpu":
+            return f"{self.count} TPU cores"
+        extensions = [name for name in ("avx512f", "avx512_bf16", "amx_bf16")
+                      if self.cpu_flags.get(name)] or (["avx2"] if self.cpu_flags.get("avx2")
+                                                       else [])
+        return (f"CPU ({self.cpu_flags.get('model_name') or platform.processor()}, "
+                f"{self.cpu_flags.get('cpus')} cores{', ' if extensions else ''}"
+                f"{', '.join(extensions)})")
+
+
+def cpu_flags():
+    """The CPU's model, cores and matrix-multiply extensions, from /proc/cpuinfo."""
+    flags, model = set(), ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+                elif key.strip() == "model name" and not model:
+                    model = value.strip()
+    except OSError:
+        pass
+    return {
+        "model_name": model or platform.processor(),
+        "cpus": os.cpu_count(),
+        "avx2": "avx2" in flags,
+        "avx512f": "avx512f" in flags,
+        "avx512_bf16": "avx512_bf16" in flags,
+        "amx": any(flag.startswith("amx") for flag in flags),
+        "amx_bf16": "amx_bf16" in flags,
+        "amx_flags": sorted(flag for flag in flags if flag.startswith("amx")),
+    }
+
+
+def detect(strategy):
+    """The `Device` that `strategy`'s replicas run on."""
+    import tensorflow as tf
+
+    # e.g. "/job:localhost/replica:0/task:0/device:GPU:0"
+    kinds = {tf.DeviceSpec.from_string(name).device_type
+             for name in strategy.extended.worker_devices}
+    if "TPU" in kinds:
+        return Device("tpu", count=strategy.num_replicas_in_sync)
+    gpus = tf.config.list_physical_devices("GPU")
+    if "GPU" in kinds and gpus:
+        details = tf.config.experimental.get_device_details(gpus[0])
+        return Device("gpu", count=strategy.num_replicas_in_sync,
+                      name=details.get("device_name", "GPU"),
+                      compute_capability=tuple(details.get("compute_capability", ())))
+    return Device("cpu", count=1, cpu_flags=cpu_flags())
+
+
+def resolve(config, device):
+    """`config` with its `auto` settings chosen for `device`, and a line for
+    people saying what was chosen and why."""
+    accelerator = device.kind in ("gpu", "tpu")
+    jit_compile = config.jit_compile
+    if jit_compile == AUTO:
+        jit_compile = "on" if accelerator else "off"
+    precision = config.precision
+    if precision == AUTO:
+        if device.has_bfloat16 and (accelerator or jit_compile == "off"):
+            precision = "mixed_bfloat16"  # XLA:CPU multiplies bfloat16 slower than float32
+        elif device.kind == "gpu":
+            precision = "mixed_float16"
+        else:
+            precision = "float32"
+    length_buckets = config.length_buckets
+    if not length_buckets and accelerator:
+        length_buckets = ACCELERATOR_LENGTH_BUCKETS
+    resolved = dataclasses.replace(config, jit_compile=jit_compile, precision=precision,
+                                   length_buckets=length_buckets)
+    chosen = [f"--{name.replace('_', '-')} {getattr(resolved, name)}"
+              for name in ("precision", "jit_compile")
+              if getattr(config, name) == AUTO]
+    line = f"Training on {device.describe()}"
+    if chosen:
+        line += f": {', '.join(chosen)} (auto)"
+    return resolved, line

@@ -1,0 +1,74 @@
+"""`--precision auto` and `--jit-compile auto`: the settings chosen for each device."""
+
+import dataclasses
+
+import pytest
+import tensorflow as tf
+
+from keras_transformer import hardware
+from keras_transformer.cli.common import add_config_flags
+from keras_transformer.config import TrainingConfig
+
+H100 = hardware.Device("gpu", count=8, name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0))
+V100 = hardware.Device("gpu", name="Tesla V100-SXM2-16GB", compute_capability=(7, 0))
+TPU = hardware.Device("tpu", count=8)
+AMX = hardware.Device("cpu", cpu_flags={"model_name": "Intel Xeon", "cpus": 2, "avx512f": True,
+                                        "avx512_bf16": True, "amx_bf16": True})
+AVX2 = hardware.Device("cpu", cpu_flags={"model_name": "AMD EPYC", "cpus": 2, "avx2": True})
+
+
+def chosen(device, **fields):
+    config, line = hardware.resolve(TrainingConfig(**fields), device)
+    return (config.precision, config.jit_compile, config.length_buckets), line
+
+
+@pytest.mark.parametrize("device, expected", [
+    (H100, ("mixed_bfloat16", "on", hardware.ACCELERATOR_LENGTH_BUCKETS)),
+    (V100, ("mixed_float16", "on", hardware.ACCELERATOR_LENGTH_BUCKETS)),
+    (TPU, ("mixed_bfloat16", "on", hardware.ACCELERATOR_LENGTH_BUCKETS)),
+    (AMX, ("mixed_bfloat16", "off", 0)),   # oneDNN's bfloat16 matmuls; fine buckets
+    (AVX2, ("float32", "off", 0)),
+])
+def test_auto_fits_the_device(device, expected):
+    assert chosen(device)[0] == expected
+
+
+def test_explicit_settings_are_kept():
+    assert chosen(H100, precision="float32", jit_compile="off", length_buckets=3)[0] == (
+        "float32", "off", 3)
+    # XLA:CPU multiplies bfloat16 slower than float32: with XLA asked for, float32.
+    assert chosen(AMX, jit_compile="on")[0] == ("float32", "on", 0)
+    assert chosen(AVX2, length_buckets=6)[0] == ("float32", "off", 6)
+
+
+def test_the_line_says_what_auto_chose():
+    assert chosen(H100)[1] == ("Training on 8 GPUs (NVIDIA H100 80GB HBM3, compute 9.0): "
+                               "--precision mixed_bfloat16, --jit-compile on (auto)")
+    assert chosen(AVX2, precision="float32")[1] == (
+        "Training on CPU (AMD EPYC, 2 cores, avx2): --jit-compile off (auto)")
+    assert chosen(AVX2, precision="float32", jit_compile="off")[1] == (
+        "Training on CPU (AMD EPYC, 2 cores, avx2)")
+
+
+def test_detect_names_the_strategys_device():
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    device = hardware.detect(strategy)
+    assert device.kind == "cpu" and device.cpu_flags == hardware.cpu_flags()
+
+
+def test_jit_compile_flag_and_older_runs():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser, TrainingConfig)
+    assert parser.parse_args([]).jit_compile == "auto"
+    assert parser.parse_args(["--jit-compile"]).jit_compile == "on"
+    assert parser.parse_args(["--jit-compile", "off"]).jit_compile == "off"
+    # config.json of runs written when jit_compile was a bool.
+    assert TrainingConfig(jit_compile=True).jit_compile == "on"
+    assert TrainingConfig.from_dict({"jit_compile": False}).jit_compile == "off"
+    with pytest.raises(ValueError, match="jit_compile must be auto, on or off"):
+        TrainingConfig(jit_compile="yes")
+    with pytest.raises(ValueError, match="precision must be auto, float32"):
+        TrainingConfig(precision="bf16")
+    assert dataclasses.replace(TrainingConfig(), jit_compile="on").jit_compile == "on"
