@@ -5,24 +5,49 @@ second and model FLOPs utilization, printed as JSON.
     python benchmarks/train_throughput.py --implementations ours,keras_hub \
         --precisions float32,mixed_bfloat16 --xla off,on       # the whole matrix
     python benchmarks/train_throughput.py --model tiny --steps 5   # a quick smoke run
+    python benchmarks/train_throughput.py --tokens-per-batch 25000 --length 100 \
+        --precisions mixed_bfloat16 --xla on --real-batches bundled --compare-torch  # on a GPU
 
-A fixed batch of `--batch-size` x `--length` tokens (64 x 64 = 4096 by default) for
-source and target, random ids from the vocabulary (37000 by default), the paper's
-optimizer and label-smoothed loss. The first `--warmup-steps` steps (graph build,
-XLA compilation) are timed apart from the measured steps, which alternate between the
-implementations so that a shared machine's load falls on all alike. MFU is the analytic FLOPs of
-a training step (3x the forward matmul FLOPs) over the step time, against the
-matrix-multiply peak measured on this machine in the same run (for each compute
-dtype, with XLA or without as the step ran). Our runs carry `speedup_over_keras_hub`
-(the same-size model from keras-hub's layers, same precision and XLA setting) and, for
-mixed precision,
-`speedup_over_float32`.
+A fixed batch of `--batch-size` x `--length` tokens (64 x 64 = 4096 by default; or
+`--tokens-per-batch` // `--length` rows) for source and target, random ids from the
+vocabulary (37000 by default), the paper's optimizer and label-smoothed loss. The
+first `--warmup-steps` steps (graph build, XLA compilation) are timed apart from the
+measured steps, which alternate between the implementations so that a shared
+machine's load falls on all alike.
+
+MFU is the analytic FLOPs of a training step (3x the forward matmul FLOPs,
+`forward_flops`) over the step time, against a peak for the compute dtype (the
+matrix-multiply dtype: float32 runs as TF32 on an Ampere-or-newer GPU, as TensorFlow
+does by default) that each result names in `peak`: on a GPU in the datasheet table
+(benchmarks/machine.py), its dense datasheet figure; otherwise the matmul peak
+measured in this run (on a GPU a chain of 8192-size matmuls kept on the device, on
+the CPU a 2048-size one; with XLA or without, as the step ran). On a GPU `mfu_datasheet` and
+`mfu_measured` give both where both exist. `device` records the GPU (name, compute
+capability, TF32, TensorFlow's CUDA build, nvidia-smi's memory and driver) or the CPU.
+
+Our runs carry `speedup_over_keras_hub` (the same-size model from keras-hub's layers,
+same precision and XLA setting), for mixed precision `speedup_over_float32`, and with
+`--compare-torch` `speedup_over_torch`: our tokens/s over those of torch.nn.Transformer
+at the same shape (benchmarks/torch_transformer.py, run in its own process) for the
+matching precision (float32 against float32, TF32 allowed on a GPU; mixed_bfloat16
+against bf16 autocast), against its torch.compile run where that ran, else eager.
+
+`--real-batches CORPUS` (any train.py --data value; "bundled" is the bundled
+English-Spanish corpus) also times our model on the batches train.py would feed it:
+`TrainingBatches` over the corpus's train split with a vocabulary of `--vocab-size`
+learned from it, `--tokens-per-batch` (or batch size x length) tokens a batch and
+sentences up to `--max-sentence-tokens`. The model (for the fixed batch too) then
+has the learned vocabulary's size. Its `real_batches` report non-padding and padded
+target tokens/s over the steps on shapes already seen (sustained), the distinct
+batch shapes, the time of each new shape's first step (a compilation under XLA) and
+the ratio of the sustained real-batch tokens/s to the fixed batch's.
 """
 
 import argparse
 import json
 import os
 import resource
+import subprocess
 import sys
 import time
 
@@ -31,8 +56,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # (set TF_CPU_ALLOCATOR_USE_BFC=false to measure without it).
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:  # keras_transformer and the command lines' corpus flags
+    sys.path.append(ROOT)
+
 from machine import cpu_flags  # noqa: E402
-from machine import matmul_peak  # noqa: E402
+from machine import mfu_fields  # noqa: E402
+from machine import tensorflow_device  # noqa: E402
+from machine import tensorflow_peaks  # noqa: E402
+
+# Our precision -> torch_transformer.py's, for speedup_over_torch.
+TORCH_PRECISIONS = {"float32": "float32", "mixed_bfloat16": "bf16"}
 
 
 def forward_flops(config, batch_size, source_length, target_length):
@@ -92,12 +127,13 @@ def build_keras_hub(config):
                        logits)
 
 
-def measure(implementations, config, precision, jit_compile, args):
+def measure(implementations, config, precision, jit_compile, args, peaks, real=None):
     """Results for each implementation at one precision and XLA setting.
 
     The models are built and warmed up one after the other, then their measured
     steps alternate (A, B, A, B, ...), so that a shared machine's changing load
-    falls on all of them alike and their ratio stays fair.
+    falls on all of them alike and their ratio stays fair. With `real` (a
+    `TrainingBatches`), our model then trains `--real-steps` steps on its batches.
     """
     import keras
     import numpy as np
@@ -132,7 +168,8 @@ def measure(implementations, config, precision, jit_compile, args):
     results = []
     for implementation, model in models.items():
         seconds = float(np.median(times[implementation]))
-        results.append({
+        flops = 3 * forward_flops(config, args.batch_size, args.length, args.length)
+        result = {
             "implementation": implementation,
             "precision": precision,
             "xla": jit_compile,
@@ -141,45 +178,220 @@ def measure(implementations, config, precision, jit_compile, args):
             "seconds_per_step": round(seconds, 4),
             "step_seconds": [round(t, 3) for t in times[implementation]],
             "target_tokens_per_second": round(args.batch_size * args.length / seconds, 1),
-            "train_flops_per_step": 3 * forward_flops(config, args.batch_size, args.length,
-                                                      args.length),
-        })
+            "train_flops_per_step": flops,
+            **mfu_fields(flops, seconds, peaks),
+        }
+        if real is not None and implementation == "ours":
+            result["real_batches"] = time_real_batches(
+                model, real, config, args, peaks, fixed_shape=(*shape, args.length),
+                fixed_tokens_per_second=args.batch_size * args.length / seconds)
+        results.append(result)
     return results
+
+
+def time_real_batches(model, batches, config, args, peaks, fixed_shape,
+                      fixed_tokens_per_second):
+    """`--real-steps` steps of `model` on `batches` (a `TrainingBatches`) from its
+    first step, each batch read before its step is timed.
+
+    A step on a shape the model has not run yet (the fixed batch's counts as run)
+    is timed apart: it traces the step again (Keras relaxes the traced shapes after
+    a few) or, under XLA, compiles it for that shape. The others are sustained
+    training: their tokens/s are the ones to compare with the fixed batch's.
+    """
+    import numpy as np
+
+    seen, shapes, new_shapes = {tuple(fixed_shape)}, {}, []
+    sustained = {"steps": 0, "seconds": 0.0, "target_tokens": 0, "padded_target_tokens": 0,
+                 "flops": 0}
+    iterator = batches.dataset(0).as_numpy_iterator()
+    for _ in range(args.real_steps):
+        inputs, targets = next(iterator)
+        shape = (*inputs["encoder_inputs"].shape, targets.shape[1])  # (B, S, T)
+        start = time.perf_counter()
+        model.train_on_batch(inputs, targets)
+        seconds = time.perf_counter() - start
+        key = "x".join(map(str, shape))
+        shapes[key] = shapes.get(key, 0) + 1
+        if shape not in seen:
+            seen.add(shape)
+            new_shapes.append({"shape": key, "seconds": round(seconds, 3)})
+            continue
+        sustained["steps"] += 1
+        sustained["seconds"] += seconds
+        sustained["target_tokens"] += int(np.count_nonzero(targets))
+        sustained["padded_target_tokens"] += int(targets.size)
+        sustained["flops"] += 3 * forward_flops(config, *shape)
+    report = {
+        "steps": args.real_steps,
+        "distinct_shapes": len(shapes),
+        "shapes": dict(sorted(shapes.items(), key=lambda item: -item[1])),
+        "new_shape_steps": len(new_shapes),
+        "new_shape_first_steps": new_shapes,
+        "new_shape_seconds": round(sum(shape["seconds"] for shape in new_shapes), 2),
+        "sustained_steps": sustained["steps"],
+    }
+    if sustained["steps"]:
+        seconds = sustained["seconds"]
+        real = sustained["target_tokens"] / seconds
+        padded = sustained["padded_target_tokens"] / seconds
+        report.update({
+            "sustained_seconds_per_step": round(seconds / sustained["steps"], 4),
+            "target_tokens_per_second": round(real, 1),
+            "padded_target_tokens_per_second": round(padded, 1),
+            "padding_fraction": round(
+                1 - sustained["target_tokens"] / sustained["padded_target_tokens"], 4),
+            "real_over_fixed": round(real / fixed_tokens_per_second, 3),
+            "padded_over_fixed": round(padded / fixed_tokens_per_second, 3),
+        })
+        # MFU of the padded shapes' FLOPs (what the device computed).
+        report.update({key: value for key, value in mfu_fields(
+            sustained["flops"] / sustained["steps"], seconds / sustained["steps"], peaks).items()
+            if key.startswith("mfu")})
+    return report
+
+
+def load_real_batches(corpus, tokens_per_batch, args):
+    """`(TrainingBatches, report)`: train.py's batches of CORPUS's train split."""
+    from keras_transformer import data
+    from keras_transformer.config import TrainingConfig
+
+    try:
+        from keras_transformer.cli.common import corpus_source
+        from keras_transformer.cli.common import corpus_splits
+    except ImportError:
+        from cli_common import corpus_source
+        from cli_common import corpus_splits
+
+    start = time.perf_counter()
+    pairs = data.load_parallel(corpus_source(corpus), corpus_splits(corpus)["train"])
+    tokenizer = data.SubwordTokenizer.train(
+        pairs, vocab_size=args.vocab_size, max_sentences=TrainingConfig.vocab_sentences,
+        seed=args.seed)
+    vocabulary_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    batches = data.TrainingBatches(pairs, tokenizer, tokens_per_batch, args.max_sentence_tokens,
+                                   seed=args.seed)
+    return batches, {
+        "corpus": corpus,
+        "vocab_size": tokenizer.vocab_size,
+        "tokens_per_batch": tokens_per_batch,
+        "max_sentence_tokens": args.max_sentence_tokens,
+        "pairs": batches.pairs,
+        "pairs_too_long": batches.pairs_too_long,
+        "batches_per_epoch": batches.batches_per_epoch,
+        "vocabulary_seconds": round(vocabulary_seconds, 2),
+        "tokenize_seconds": round(time.perf_counter() - start, 2),
+    }
+
+
+def compare_torch(config, precisions, args):
+    """torch_transformer.py's JSON at our shape, from its own process (the two
+    frameworks never share one), or `{"error": ...}`."""
+    torch_precisions = [TORCH_PRECISIONS[p] for p in precisions if p in TORCH_PRECISIONS]
+    if not torch_precisions:
+        return {"error": f"no torch mode matches --precisions {','.join(precisions)}"}
+    command = [sys.executable, os.path.join(HERE, "torch_transformer.py"),
+               "--model", args.model, "--vocab-size", str(config.vocab_size),
+               "--batch-size", str(args.batch_size), "--length", str(args.length),
+               "--warmup-steps", str(args.warmup_steps), "--steps", str(args.steps),
+               "--precisions", ",".join(torch_precisions), "--compile", args.torch_compile]
+    if args.torch_threads:
+        command += ["--threads", str(args.torch_threads)]
+    print("Running " + " ".join(command), file=sys.stderr, flush=True)
+    try:
+        finished = subprocess.run(command, capture_output=True, text=True,
+                                  timeout=args.torch_timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"torch_transformer.py ran over --torch-timeout {args.torch_timeout} s",
+                "command": command}
+    if finished.returncode:
+        return {"error": finished.stderr[-3000:], "returncode": finished.returncode,
+                "command": command}
+    return json.loads(finished.stdout)
+
+
+def torch_match(result, torch_report):
+    """The torch run our `result` compares with: same precision, torch.compile
+    where it ran, else eager; None if there is none."""
+    precision = TORCH_PRECISIONS.get(result["precision"])
+    candidates = [run for run in torch_report.get("results", ())
+                  if run["precision"] == precision and run.get("status") == "ok"]
+    candidates.sort(key=lambda run: not run["compile"])  # compiled first
+    return candidates[0] if candidates else None
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="base", help="TransformerConfig preset")
-    parser.add_argument("--vocab-size", type=int, default=37000)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--vocab-size", type=int, default=37000,
+                        help="the random batch's vocabulary; with --real-batches, the size "
+                             "asked of the learned vocabulary")
+    parser.add_argument("--batch-size", type=int, default=None, help="rows (default 64)")
     parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--tokens-per-batch", type=int, default=None,
+                        help="instead of --batch-size: tokens // length rows (e.g. 25000 "
+                             "with --length 100: 250 rows); with --real-batches also their "
+                             "token budget (default: batch size x length)")
     parser.add_argument("--precisions", default="float32")
     parser.add_argument("--xla", default="off", help="off, on, or off,on")
     parser.add_argument("--implementations", default="ours", help="comma-separated: ours, keras_hub")
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5,
                         help="measured steps per implementation (the median is reported)")
+    parser.add_argument("--real-batches", metavar="CORPUS", default=None,
+                        help="also time our model on train.py's batches of CORPUS (a train.py "
+                             "--data value, e.g. bundled)")
+    parser.add_argument("--real-steps", type=int, default=100,
+                        help="steps on real batches (new shapes' first steps included)")
+    parser.add_argument("--max-sentence-tokens", type=int, default=128,
+                        help="with --real-batches: the longest pair kept (train.py's default)")
+    parser.add_argument("--seed", type=int, default=0, help="with --real-batches: the "
+                        "vocabulary's and the batches' seed")
+    parser.add_argument("--compare-torch", action="store_true",
+                        help="also run benchmarks/torch_transformer.py at the same shape")
+    parser.add_argument("--torch-compile", default="off,on",
+                        help="with --compare-torch: torch.compile off, on, or off,on")
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="with --compare-torch: torch_transformer.py --threads")
+    parser.add_argument("--torch-timeout", type=int, default=3600,
+                        help="with --compare-torch: seconds before the torch run is given up")
     args = parser.parse_args()
+    if args.tokens_per_batch is not None:
+        if args.batch_size is not None:
+            parser.error("give --batch-size or --tokens-per-batch, not both")
+        if args.tokens_per_batch < args.length:
+            parser.error("--tokens-per-batch must be at least --length")
+        args.batch_size = args.tokens_per_batch // args.length
+    elif args.batch_size is None:
+        args.batch_size = 64
 
     import keras_transformer as kt
 
-    config = kt.TransformerConfig.preset(args.model, vocab_size=args.vocab_size)
+    real, real_report = None, None
+    if args.real_batches:
+        real, real_report = load_real_batches(
+            args.real_batches, args.tokens_per_batch or args.batch_size * args.length, args)
+        print(json.dumps({"real_batches": real_report}), file=sys.stderr, flush=True)
+    vocab_size = real_report["vocab_size"] if real_report else args.vocab_size
+    config = kt.TransformerConfig.preset(args.model, vocab_size=vocab_size)
+    device = tensorflow_device()
     peaks = {}
     results = []
-    for precision in args.precisions.split(","):
+    precisions = args.precisions.split(",")
+    for precision in precisions:
         compute = "bfloat16" if "bfloat16" in precision else (
             "float16" if "float16" in precision else "float32")
         for xla in args.xla.split(","):
             # XLA:CPU and oneDNN run bfloat16 matrix multiplies at different speeds.
             path = f"{compute}/{'xla' if xla == 'on' else 'graph'}"
             if path not in peaks:
-                peaks[path] = matmul_peak(compute, jit_compile=xla == "on")
+                peaks[path] = tensorflow_peaks(device, compute, jit_compile=xla == "on")
             for result in measure(args.implementations.split(","), config, precision,
-                                  xla == "on", args):
-                result["mfu"] = round(
-                    result["train_flops_per_step"] / result["seconds_per_step"] / peaks[path], 4)
+                                  xla == "on", args, peaks[path], real):
                 results.append(result)
                 print(json.dumps(result), file=sys.stderr, flush=True)  # progress
+
     def speedup(result, **other):
         """result's tokens/s over those of the run that differs from it in `other`."""
         keys = ("implementation", "precision", "xla")
@@ -189,23 +401,45 @@ def main():
                              / candidate["target_tokens_per_second"], 3)
         return None
 
+    torch_report = compare_torch(config, precisions, args) if args.compare_torch else None
     for result in results:
         if result["implementation"] == "ours":
             ratios = {"speedup_over_keras_hub": speedup(result, implementation="keras_hub")}
             if result["precision"] != "float32":
                 ratios["speedup_over_float32"] = speedup(result, precision="float32")
+            match = torch_match(result, torch_report) if torch_report else None
+            if match:
+                ratios["speedup_over_torch"] = round(
+                    result["target_tokens_per_second"] / match["target_tokens_per_second"], 3)
+                ratios["torch_compared"] = match["mode"]
             result.update({k: v for k, v in ratios.items() if v is not None})
-    print(json.dumps({
+    report = {
         "benchmark": "train_throughput",
         "model": args.model,
-        "vocab_size": args.vocab_size,
+        "vocab_size": vocab_size,
+        "batch_size": args.batch_size,
+        "length": args.length,
         "tokens_per_batch": args.batch_size * args.length,
+        "device": device,
         "machine": cpu_flags(),
         "tf_cpu_allocator_use_bfc": os.environ["TF_CPU_ALLOCATOR_USE_BFC"],
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-        "matmul_peak_flops": {k: round(v) for k, v in peaks.items()},
-        "results": results,
-    }, indent=2))
+        "peaks": {path: {kind: peak and {"flops": round(peak["flops"]), "source": peak["source"]}
+                         for kind, peak in sources.items()} for path, sources in peaks.items()},
+        "matmul_peak_flops": {path: round(sources["measured"]["flops"])
+                              for path, sources in peaks.items()},
+    }
+    if device["type"] == "GPU":
+        import tensorflow as tf
+
+        report["gpu_peak_memory_gib"] = round(
+            tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**30, 2)
+    if real_report:
+        report["real_batches"] = real_report
+    report["results"] = results
+    if torch_report is not None:
+        report["torch"] = torch_report
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
