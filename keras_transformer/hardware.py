@@ -12,7 +12,11 @@ What `auto` picks, and why (each choice measured; see README, "Training on a GPU
   multiplies bfloat16 in hardware (AMX, AVX512-BF16: 1.57x and 1.56x float32's
   step for cpu-small and base), else float32; the fine length buckets.
 
-Imports TensorFlow only in `detect`.
+For decoding (`export --jit-compile auto`, `decoding_jit_compile`): XLA where a GPU
+is visible (14x the speed of the export without it on an H100), not on a CPU
+(0.8x on our 2-core AMD EPYC: XLA:CPU's matrix multiplies are slower).
+
+Imports TensorFlow only in `detect` and `decoding_jit_compile`.
 """
 
 import dataclasses
@@ -20,6 +24,7 @@ import os
 import platform
 
 from keras_transformer.config import AUTO
+from keras_transformer.config import JIT_COMPILE
 
 # Length buckets that XLA compiles once each on an accelerator (see
 # `data.fit_bucket_lengths`).
@@ -131,3 +136,15 @@ def resolve(config, device):
     if chosen:
         line += f": {', '.join(chosen)} (auto)"
     return resolved, line
+
+
+def decoding_jit_compile(setting):
+    """Whether an export's beam search is compiled with XLA: `setting` "on",
+    "off", or "auto" (on when TensorFlow sees a GPU)."""
+    if setting not in JIT_COMPILE:
+        raise ValueError(f"jit_compile must be auto, on or off. Received: {setting!r}")
+    if setting == AUTO:
+        import tensorflow as tf
+
+        return bool(tf.config.list_physical_devices("GPU"))
+    return setting == "on"

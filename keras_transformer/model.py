@@ -351,6 +351,22 @@ class Transformer(MultiWorkerModel):
             return ops.cast(ops.matmul(x, ops.cast(output_kernel, x.dtype)), "float32")
         return self.embedding(x, reverse=True)  # (B, T, V) float32
 
+    @property
+    def precision(self):
+        """The name of the dtype policy its layers run under, e.g. "float32",
+        "mixed_bfloat16" or "bfloat16"."""
+        return self._policy.name
+
+    def with_dtype(self, dtype):
+        """This model's weights in a copy built under the dtype policy `dtype`, for
+        inference: "bfloat16" or "float16" hold the weights and run the matrix
+        multiplies in that type, while softmax, layer normalization and the
+        logits stay float32 (so do the beam's scores); "float32" gives a float32
+        copy of a mixed-precision model."""
+        copy = Transformer(self.config, dtype=dtype, name=self.name)
+        copy.set_weights(self.get_weights())
+        return copy
+
     def get_config(self):
         return {
             "config": self.config.to_dict(),

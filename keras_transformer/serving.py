@@ -278,6 +278,7 @@ class Translator(tf.Module):
             "max_output_length": self.max_output_length,
             "max_batch_size": self.max_batch_size,
             "max_input_chars": self.max_input_chars,
+            "precision": self.model.precision,
             "jit_compile": self.jit_compile,
             "use_cache": self.use_cache,
             "ignore_eos": self.ignore_eos,

@@ -58,9 +58,15 @@ def parse_args(argv, prog=PROG):
     parser.add_argument("--model-name", default=None,
                         help="the model's name in the model server's models.config "
                              "(default: the base name of --out)")
-    parser.add_argument("--jit-compile", action="store_true",
+    parser.add_argument("--jit-compile", nargs="?", const="on", default="auto",
+                        choices=("auto", "on", "off"),
                         help="compile the beam search with XLA (the model server must "
-                             "enable XLA JIT)")
+                             "enable XLA JIT); auto: on when a GPU is visible")
+    parser.add_argument("--precision", choices=("float32", "bfloat16", "float16"),
+                        default="float32",
+                        help="the weights' and matrix multiplies' type (softmax, layer "
+                             "norm, logits and scores stay float32): bfloat16 for CPUs with "
+                             "AMX or AVX512-BF16 and for GPUs, float16 for older GPUs")
     parser.add_argument("--ids-only", action="store_true",
                         help="export translate_ids alone, for TensorFlow without "
                              "tensorflow-text ops")
@@ -78,6 +84,9 @@ def parse_args(argv, prog=PROG):
         parser.error(f"--run {args.run} is not a directory")
     if args.warmup_file is not None and not os.path.isfile(args.warmup_file):
         parser.error(f"--warmup-file {args.warmup_file} does not exist")
+    if args.format == "ctranslate2" and args.precision != "float32":
+        parser.error("--precision is for SavedModel exports; a CTranslate2 export takes "
+                     "--quantization")
     if args.version is not None and args.version < 1:
         parser.error(f"--version must be >= 1. Received: {args.version}")
     return args
@@ -88,6 +97,7 @@ def main(argv=None, prog=PROG):
     if not args.verbose:
         quiet_libraries()
     # Imported after the flags are checked: a typo should not wait for TensorFlow.
+    from keras_transformer import hardware
     from keras_transformer import runs
     from keras_transformer import saved_model
     from keras_transformer import serving
@@ -96,11 +106,14 @@ def main(argv=None, prog=PROG):
         model, tokenizer, run_config = runs.load_run(args.run, args.weights)
         if args.format == "ctranslate2":
             return export_ctranslate2(model, tokenizer, args, prog)
+        if args.precision != "float32":
+            model = model.with_dtype(args.precision)
         translator = serving.Translator(
             model, None if args.ids_only else tokenizer, beam_size=args.beam_size, alpha=args.alpha,
             extra_length=args.extra_length, max_input_length=args.max_input_length,
             beam_sizes=args.beam_sizes, max_batch_size=args.max_batch_size,
-            max_input_chars=args.max_input_chars, jit_compile=args.jit_compile,
+            max_input_chars=args.max_input_chars,
+            jit_compile=hardware.decoding_jit_compile(args.jit_compile),
         )
         warmup = saved_model.WARMUP_TEXTS
         if args.warmup_file is not None:

@@ -105,7 +105,7 @@ class TrainingBatches:
         # Every pair of a full batch is padded to its bucket's length (the partial
         # batches that sit an epoch out are too few to count).
         padded = np.asarray(boundaries)[bucket].sum()
-        self.padding = {side: round(1 - float(real[keep].sum()) / max(padded, 1), 4)
+        self.padding = {side: round(1 - float(real[keep].sum()) / max(float(padded), 1), 4)
                         for side, real in (("source", source_lengths),
                                            ("target", target_lengths + 1))}
         if not self.batches_per_epoch:
