@@ -4,34 +4,15 @@ GPU, the device and the peak that model FLOPs utilization (MFU) is taken against
 the datasheet's dense figure for known GPUs, and a large on-device matmul."""
 
 import os
-import platform
 import re
 import subprocess
+import sys
 import time
 
-
-def cpu_flags():
-    """The CPU's model, cores and matrix-multiply extensions, from /proc/cpuinfo."""
-    flags, model = set(), ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "flags" and not flags:
-                    flags = set(value.split())
-                elif key.strip() == "model name" and not model:
-                    model = value.strip()
-    except OSError:
-        pass
-    return {
-        "model_name": model or platform.processor(),
-        "cpus": os.cpu_count(),
-        "avx2": "avx2" in flags,
-        "avx512f": "avx512f" in flags,
-        "avx512_bf16": "avx512_bf16" in flags,
-        "amx": any(flag.startswith("amx") for flag in flags),
-        "amx_flags": sorted(flag for flag in flags if flag.startswith("amx")),
-    }
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The package's own reading of /proc/cpuinfo (it picks --precision auto by it);
+# imports no TensorFlow.
+from keras_transformer.hardware import cpu_flags  # noqa: E402,F401
 
 
 def matmul_peak(dtype, jit_compile=True, size=2048, repeats=10):
