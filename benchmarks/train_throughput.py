@@ -256,12 +256,9 @@ def load_real_batches(corpus, tokens_per_batch, args):
     from keras_transformer import data
     from keras_transformer.config import TrainingConfig
 
-    try:
-        from keras_transformer.cli.common import corpus_source
-        from keras_transformer.cli.common import corpus_splits
-    except ImportError:
-        from cli_common import corpus_source
-        from cli_common import corpus_splits
+    from keras_transformer import hardware
+    from keras_transformer.cli.common import corpus_source
+    from keras_transformer.cli.common import corpus_splits
 
     start = time.perf_counter()
     pairs = data.load_parallel(corpus_source(corpus), corpus_splits(corpus)["train"])
@@ -270,8 +267,15 @@ def load_real_batches(corpus, tokens_per_batch, args):
         seed=args.seed)
     vocabulary_seconds = time.perf_counter() - start
     start = time.perf_counter()
+    # As train.py's --length-buckets 0: few fitted lengths on a GPU, the fine ones on a CPU.
+    num_buckets = args.length_buckets
+    if num_buckets is None:
+        import tensorflow as tf
+
+        gpu = bool(tf.config.list_physical_devices("GPU"))
+        num_buckets = hardware.ACCELERATOR_LENGTH_BUCKETS if gpu else 0
     batches = data.TrainingBatches(pairs, tokenizer, tokens_per_batch, args.max_sentence_tokens,
-                                   seed=args.seed)
+                                   seed=args.seed, num_buckets=num_buckets or None)
     return batches, {
         "corpus": corpus,
         "vocab_size": tokenizer.vocab_size,
@@ -280,6 +284,8 @@ def load_real_batches(corpus, tokens_per_batch, args):
         "pairs": batches.pairs,
         "pairs_too_long": batches.pairs_too_long,
         "batches_per_epoch": batches.batches_per_epoch,
+        "shapes": batches.shapes,
+        "padding": batches.padding,
         "vocabulary_seconds": round(vocabulary_seconds, 2),
         "tokenize_seconds": round(time.perf_counter() - start, 2),
     }
@@ -344,6 +350,9 @@ def main():
                              "--data value, e.g. bundled)")
     parser.add_argument("--real-steps", type=int, default=100,
                         help="steps on real batches (new shapes' first steps included)")
+    parser.add_argument("--length-buckets", type=int, default=None,
+                        help="with --real-batches: as train.py's (default: 8 lengths fitted "
+                             "to the corpus on a GPU, the fine buckets on a CPU)")
     parser.add_argument("--max-sentence-tokens", type=int, default=128,
                         help="with --real-batches: the longest pair kept (train.py's default)")
     parser.add_argument("--seed", type=int, default=0, help="with --real-batches: the "

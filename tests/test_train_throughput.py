@@ -137,7 +137,7 @@ def test_gpu_matmul_peak_chain_runs():
 
 def test_cpu_flags_keeps_its_fields():
     assert {"model_name", "cpus", "avx2", "avx512f", "avx512_bf16", "amx",
-            "amx_flags"} == set(machine.cpu_flags())
+            "amx_flags"} <= set(machine.cpu_flags())
 
 
 # === FLOPs, pure ===
