@@ -15,6 +15,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from keras_transformer.hardware import cpu_flags  # noqa: E402,F401
 
 
+def best_seconds(run, repeats):
+    """The fastest of `repeats` timed calls of `run`, after one untimed call
+    (tracing, compilation, first-touch allocations)."""
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def matmul_peak(dtype, jit_compile=True, size=2048, repeats=10):
     """FLOP/s of a square matrix multiply, with XLA or TensorFlow's own kernels
     (oneDNN on a CPU), the best of a few runs. Each run copies the product to the
@@ -25,13 +37,7 @@ def matmul_peak(dtype, jit_compile=True, size=2048, repeats=10):
     a = tf.random.normal((size, size), dtype=tf.float32)
     a = tf.cast(a, dtype)
     multiply = tf.function(lambda x: tf.matmul(x, x), jit_compile=jit_compile)
-    multiply(a).numpy()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        multiply(a).numpy()
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    return 2 * size**3 / best_seconds(lambda: multiply(a).numpy(), repeats)
 
 
 # === Accelerators: what the device is, and the peak its MFU is measured against ===
@@ -211,13 +217,7 @@ def gpu_matmul_peak(dtype, jit_compile=True, size=8192, chain=16, repeats=5):
         with tf.device("/GPU:0"):
             return tf.reshape(multiply(a, w), [-1])[0].numpy()
 
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 * chain / best
+    return 2 * size**3 * chain / best_seconds(run, repeats)
 
 
 def tensorflow_peaks(device, compute_dtype, jit_compile):

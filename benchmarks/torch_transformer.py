@@ -40,6 +40,7 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:  # keras_transformer.config (imports no TensorFlow)
     sys.path.append(ROOT)
 
+from machine import best_seconds  # noqa: E402
 from machine import cpu_flags  # noqa: E402
 from machine import datasheet_peak  # noqa: E402
 from machine import gpu_matmul_dtype  # noqa: E402
@@ -161,13 +162,7 @@ def measured_peak(torch, device, dtype, chain=16, repeats=5):
             x = x @ w
         return x[0, 0].item()
 
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 * chain / best, size
+    return 2 * size**3 * chain / best_seconds(run, repeats), size
 
 
 def peaks_for(torch, device, info, precision, tf32, cache):
