@@ -27,7 +27,7 @@ def readme_train_commands():
     for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
         for command in re.split(r"(?<!\\)\n", block):
             command = command.replace("\\\n", " ").split("#")[0].strip()
-            if command.startswith("keras-transformer train"):
+            if command.startswith("keras-transformer train") and "--help" not in command:
                 commands.append(shlex.split(command)[2:])
     return commands
 
