@@ -7,9 +7,10 @@ The model has random weights (base config, vocabulary 37000 by default). It is
 exported ids-only (`translate_ids`, no tokenizer, so the vocabulary size is
 free) three ways: graph mode with the key/value cache, XLA with the cache, and
 graph mode without the self-attention cache (every step re-runs the decoder on
-the full prefix). Each export is reloaded with `tf.saved_model.load` and timed on one
-batch of `--batch-size` sources of `--source-length` random tokens, beam
-`--beam-size`. With `--forced-steps N` (default 48) the end-of-sequence token
+the full prefix); `--precisions float32,bfloat16` adds each variant exported
+in bfloat16 (`export --precision`; "graph-bfloat16", ...). Each export is
+reloaded with `tf.saved_model.load` and timed on one batch of `--batch-size`
+sources of `--source-length` random tokens, beam `--beam-size`. With `--forced-steps N` (default 48) the end-of-sequence token
 is ignored and every search runs exactly N steps (extra_length = N - source
 length), so runs with random weights are comparable; `--forced-steps 0` uses
 the paper's settings (input length + 50, early stop).
@@ -25,8 +26,8 @@ beam's candidates (block-wise, as the search runs it, and as `top_k` over the
 whole table); `flops_per_step` and `achieved_gflops` set the step against the
 machine's arithmetic. `mfu` is each variant's model FLOPs utilization: the
 matrix-multiply FLOPs a cached search needs (`decode_flops`) over its seconds,
-against the square-matmul peak measured in the same run, with XLA for the XLA
-variant and TensorFlow's own kernels for the others (the uncached variant does
+against the square-matmul peak of its dtype measured in the same run, with XLA
+for the XLA variants and TensorFlow's own kernels for the others (the uncached variant does
 more arithmetic than it is credited with).
 """
 
@@ -71,6 +72,10 @@ def parse_args(argv):
                         help="timed calls of the (slow) uncached variant")
     parser.add_argument("--variants", default="graph,xla,uncached",
                         help="comma-separated subset of graph, xla, uncached")
+    parser.add_argument("--precisions", default="float32",
+                        help="comma-separated export precisions: float32, bfloat16, float16 "
+                             "(export --precision); each but float32 adds variants named "
+                             "VARIANT-PRECISION, e.g. graph-bfloat16")
     parser.add_argument("--no-profile", action="store_true", help="skip the step profile")
     parser.add_argument("--compare-ctranslate2", action="store_true",
                         help="also time the same weights in CTranslate2 (float32 and int8), "
@@ -176,10 +181,15 @@ def decode_flops(config, batch_size, source_length, beam_size, steps):
 
 
 def time_export(model, args, variant, source_ids, directory):
+    """`variant` is graph, xla or uncached, with `-PRECISION` for a reduced export."""
+    variant, _, precision = variant.partition("-")
+    if precision:
+        model = model.with_dtype(precision)
     translator = translator_for(model, args, variant)
     start = time.perf_counter()
     path = saved_model.export_translator(
-        translator, os.path.join(directory, variant), warmup_texts=(), check=False
+        translator, os.path.join(directory, f"{variant}-{model.precision}"), warmup_texts=(),
+        check=False
     )
     export_seconds = time.perf_counter() - start
     loaded = tf.saved_model.load(path)
@@ -282,8 +292,18 @@ def profile_step(model, args, source_ids):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     load_before = os.getloadavg()[0]
-    peaks = {"graph": matmul_peak("float32", jit_compile=False),
-             "xla": matmul_peak("float32", jit_compile=True)}
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    variants += [f"{v}-{p}" for p in precisions if p != "float32" for v in variants]
+    if "float32" not in precisions:
+        variants = [v for v in variants if "-" in v]
+    # Each variant's MFU is against the matrix-multiply peak of its dtype and path.
+    peaks = {}
+    for variant in variants:
+        path, _, dtype = variant.partition("-")
+        key = f"{'xla' if path == 'xla' else 'graph'}-{dtype or 'float32'}"
+        if key not in peaks:
+            peaks[key] = matmul_peak(dtype or "float32", jit_compile=path == "xla")
     model = build_model(args)
     rng = np.random.default_rng(0)
     source_ids = tf.constant(
@@ -298,7 +318,7 @@ def main(argv=None):
             "source_length": args.source_length,
             "beam_size": args.beam_size,
             "forced_steps": args.forced_steps,
-            "dtype": "float32",
+            "precisions": precisions,
             "path": "exported SavedModel, translate_ids signature",
         },
         "machine": {
@@ -308,7 +328,6 @@ def main(argv=None):
         },
     }
     result["machine"]["matmul_peak_flops"] = {path: round(peak) for path, peak in peaks.items()}
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     with tempfile.TemporaryDirectory() as directory:
         for variant in variants:
             result[variant] = time_export(model, args, variant, source_ids, directory)
@@ -316,15 +335,17 @@ def main(argv=None):
             flops = decode_flops(model.config, args.batch_size, args.source_length,
                                  args.beam_size, steps)
             result[variant]["flops_per_batch"] = flops
-            result[variant]["mfu"] = round(
-                flops / result[variant]["seconds_per_batch"] / peaks.get(variant, peaks["graph"]), 4)
+            path, _, dtype = variant.partition("-")
+            peak = peaks[f"{'xla' if path == 'xla' else 'graph'}-{dtype or 'float32'}"]
+            result[variant]["mfu"] = round(flops / result[variant]["seconds_per_batch"] / peak, 4)
             print(f"{variant}: {result[variant]}", file=sys.stderr)
         if args.compare_ctranslate2:
             for quantization in ("float32", "int8"):
                 name = f"ctranslate2_{quantization}"
                 result[name] = time_ctranslate2(model, args, source_ids, directory, quantization)
                 print(f"{name}: {result[name]}", file=sys.stderr)
-            ours = {v: result[v]["seconds_per_batch"] for v in variants if v != "uncached"}
+            ours = {v: result[v]["seconds_per_batch"] for v in variants
+                    if not v.startswith("uncached")}
             best = min(ours, key=ours.get)
             result["over_ctranslate2"] = {
                 # > 1: ours is faster.

@@ -95,14 +95,18 @@ def test_decode_throughput_prints_json():
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "decode_throughput.py"),
                "--preset", "tiny", "--vocab-size", "2000", "--batch-size", "2",
                "--source-length", "8", "--forced-steps", "12",
-               "--repeats", "1", "--uncached-repeats", "1", "--compare-ctranslate2"]
+               "--repeats", "1", "--uncached-repeats", "1", "--compare-ctranslate2",
+               "--precisions", "float32,bfloat16"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900,
                             env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["config"]["forced_steps"] == 12 and report["config"]["batch_size"] == 2
-    assert set(report["machine"]["matmul_peak_flops"]) == {"graph", "xla"}
-    for variant in ("graph", "xla", "uncached"):
+    assert set(report["machine"]["matmul_peak_flops"]) == {
+        "graph-float32", "xla-float32", "graph-bfloat16", "xla-bfloat16"}
+    assert report["config"]["precisions"] == ["float32", "bfloat16"]
+    for variant in ("graph", "xla", "uncached", "graph-bfloat16", "xla-bfloat16",
+                    "uncached-bfloat16"):
         measured = report[variant]
         assert measured["output_length"] == 12  # EOS ignored: every search runs 12 steps
         assert measured["generated_tokens"] == 2 * 12
@@ -115,6 +119,7 @@ def test_decode_throughput_prints_json():
         measured = report[f"ctranslate2_{quantization}"]
         assert measured["generated_tokens"] >= 2 * 11 and measured["seconds_per_batch"] > 0
     assert report["over_ctranslate2"]["graph_over_ctranslate2_float32"] > 0
+    assert report["over_ctranslate2"]["graph-bfloat16_over_ctranslate2_float32"] > 0
     assert 0 < report["profile"]["output_projection_share_of_step"] < 1
 
 
