@@ -5,20 +5,22 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 python=${PYTHON:-python3}
+# pip's and setuptools' notices only when a step fails.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+quietly() {
+  if ! "$@" >"$log" 2>&1; then
+    cat "$log" >&2
+    exit 1
+  fi
+}
 if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
-  .venv/bin/python -m pip install --quiet --upgrade pip
+  quietly .venv/bin/python -m pip install --quiet --upgrade pip
 fi
 # Where nvidia-smi lists a GPU, TensorFlow's CUDA libraries too (the gpu extra).
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   set -- "$@" gpu
 fi
 extras=$(IFS=,; echo "$*")
-# pip's and setuptools' notices only when the install fails.
-log=$(mktemp)
-if ! .venv/bin/python -m pip install --quiet -e ".${extras:+[$extras]}" >"$log" 2>&1; then
-  cat "$log" >&2
-  rm -f "$log"
-  exit 1
-fi
-rm -f "$log"
+quietly .venv/bin/python -m pip install --quiet -e ".${extras:+[$extras]}"
