@@ -42,6 +42,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+# As the decoding commands (keras_transformer.cli.common.decode_with_onednn):
+# oneDNN's kernels on every x86 CPU, not only those TensorFlow picks.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -325,6 +328,7 @@ def main(argv=None):
             **cpu_flags(),
             "tensorflow": tf.__version__,
             "load_average_before": round(load_before, 2),
+            "tf_enable_onednn_opts": os.environ["TF_ENABLE_ONEDNN_OPTS"],
         },
     }
     result["machine"]["matmul_peak_flops"] = {path: round(peak) for path, peak in peaks.items()}

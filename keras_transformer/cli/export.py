@@ -17,6 +17,7 @@ import os
 import sys
 
 from keras_transformer.cli.common import OneLineErrorParser
+from keras_transformer.cli.common import decode_with_onednn
 from keras_transformer.cli.common import quiet_libraries
 
 
@@ -96,6 +97,7 @@ def main(argv=None, prog=PROG):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     if not args.verbose:
         quiet_libraries()
+    decode_with_onednn()
     # Imported after the flags are checked: a typo should not wait for TensorFlow.
     from keras_transformer import hardware
     from keras_transformer import runs

@@ -16,6 +16,7 @@ import os
 import sys
 
 from keras_transformer.cli.common import OneLineErrorParser
+from keras_transformer.cli.common import decode_with_onednn
 from keras_transformer.cli.common import quiet_libraries
 
 
@@ -64,6 +65,7 @@ def main(argv=None, prog=PROG):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     if not args.verbose:
         quiet_libraries()
+    decode_with_onednn()
     from keras_transformer import evaluation
 
     lines = read_lines(args.input)
