@@ -42,7 +42,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-# As the decoding commands (keras_transformer.cli.common.decode_with_onednn):
+# As the decoding commands (keras_transformer.cli.common.start_decoding):
 # oneDNN's kernels on every x86 CPU, not only those TensorFlow picks.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 

@@ -25,9 +25,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 
-def decode_with_onednn():
-    """Turns TensorFlow's oneDNN kernels on for decoding (translate, evaluate,
-    export), before TensorFlow starts.
+def start_decoding(verbose):
+    """What the decoding commands (translate, evaluate, export) do once their
+    flags are checked, before TensorFlow starts: keep the libraries' log lines
+    off stderr (unless `verbose`), and turn TensorFlow's oneDNN kernels on.
 
     TensorFlow turns them on by itself only on CPUs with AVX-512 VNNI or BF16 or
     with AMX. Elsewhere (AVX2) its own matrix multiply ran beam search's output
@@ -36,6 +37,8 @@ def decode_with_onednn():
     against 8.3 s, `benchmarks/decode_throughput.py`). TF_ENABLE_ONEDNN_OPTS=0
     in the environment keeps them off.
     """
+    if not verbose:
+        quiet_libraries()
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 

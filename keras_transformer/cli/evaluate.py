@@ -17,9 +17,8 @@ import os
 import sys
 
 from keras_transformer.cli.common import OneLineErrorParser
-from keras_transformer.cli.common import decode_with_onednn
 from keras_transformer.cli.common import corpus_source
-from keras_transformer.cli.common import quiet_libraries
+from keras_transformer.cli.common import start_decoding
 
 
 # How messages name the command (the clone's evaluate.py passes its own name).
@@ -92,9 +91,7 @@ def load_pairs(args):
 
 def main(argv=None, prog=PROG):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
-    if not args.verbose:
-        quiet_libraries()
-    decode_with_onednn()
+    start_decoding(args.verbose)
     from keras_transformer import evaluation
 
     try:

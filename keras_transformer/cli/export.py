@@ -17,8 +17,7 @@ import os
 import sys
 
 from keras_transformer.cli.common import OneLineErrorParser
-from keras_transformer.cli.common import decode_with_onednn
-from keras_transformer.cli.common import quiet_libraries
+from keras_transformer.cli.common import start_decoding
 
 
 # How messages name the command (the clone's export.py passes its own name).
@@ -95,9 +94,7 @@ def parse_args(argv, prog=PROG):
 
 def main(argv=None, prog=PROG):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
-    if not args.verbose:
-        quiet_libraries()
-    decode_with_onednn()
+    start_decoding(args.verbose)
     # Imported after the flags are checked: a typo should not wait for TensorFlow.
     from keras_transformer import hardware
     from keras_transformer import runs

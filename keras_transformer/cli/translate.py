@@ -16,8 +16,7 @@ import os
 import sys
 
 from keras_transformer.cli.common import OneLineErrorParser
-from keras_transformer.cli.common import decode_with_onednn
-from keras_transformer.cli.common import quiet_libraries
+from keras_transformer.cli.common import start_decoding
 
 
 # How messages name the command (the clone's translate.py passes its own name).
@@ -63,9 +62,7 @@ def read_lines(path):
 
 def main(argv=None, prog=PROG):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
-    if not args.verbose:
-        quiet_libraries()
-    decode_with_onednn()
+    start_decoding(args.verbose)
     from keras_transformer import evaluation
 
     lines = read_lines(args.input)
