@@ -52,7 +52,7 @@ import tensorflow as tf  # noqa: E402
 
 from keras_transformer import TransformerConfig  # noqa: E402
 from keras_transformer import build_transformer  # noqa: E402
-from keras_transformer import decoding  # noqa: E402
+from keras_transformer import beam_candidates  # noqa: E402
 from keras_transformer import saved_model  # noqa: E402
 from keras_transformer import serving  # noqa: E402
 from keras_transformer.data import BOS_ID  # noqa: E402
@@ -247,12 +247,12 @@ def profile_step(model, args, source_ids):
 
     @tf.function(autograph=False)
     def selection():  # as the search selects its candidates
-        return decoding._best_extensions(logits, alive_log_probs, candidates,
-                                         decoding._block_size(config.vocab_size, candidates))
+        return beam_candidates.best_extensions(logits, alive_log_probs, candidates,
+                                         beam_candidates.block_size(config.vocab_size, candidates))
 
     @tf.function(autograph=False)
     def full_table_top_k():  # the same, as top_k over the whole (B, K * V) table
-        return decoding._best_extensions(logits, alive_log_probs, candidates, None)
+        return beam_candidates.best_extensions(logits, alive_log_probs, candidates, None)
 
     def median_seconds(fn, *fn_args, repeats=5):
         fn(*fn_args)

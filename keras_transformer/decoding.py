@@ -55,6 +55,8 @@ import operator
 
 import tensorflow as tf
 
+from keras_transformer import beam_candidates
+
 # Log probability of a slot holding no hypothesis: an unused beam, an unfilled
 # finished slot, a candidate that is masked out. Masks are applied with
 # `tf.where`, never by multiplication, so -inf never meets a zero, and it stays
@@ -257,7 +259,7 @@ def beam_search(
         max_output_lengths, batch_size, max_output_length)
     initial_cache = {} if initial_cache is None else initial_cache
     num_candidates = min(2 * beam_size, beam_size * vocab_size)
-    block_size = _block_size(vocab_size, num_candidates)
+    block_size = beam_candidates.block_size(vocab_size, num_candidates)
     columns = tf.range(max_output_length + 1)  # (T + 1,)
     # The largest length penalty each example can still reach (alpha >= 0).
     limit_penalties = length_penalty(max_output_lengths, alpha)  # (B,)
@@ -303,7 +305,7 @@ def beam_search(
         cache = _same_shapes(cache, state.alive_cache)
         _check_logits(logits, vocab_size)
         # The C best extensions over all beams and tokens.
-        candidate_log_probs, flat_indices = _best_extensions(
+        candidate_log_probs, flat_indices = beam_candidates.best_extensions(
             tf.cast(logits, tf.float32), state.alive_log_probs, num_candidates, block_size
         )  # (B, C), (B, C)
         parents = flat_indices // vocab_size  # (B, C) beam each extends
@@ -506,58 +508,6 @@ def _log_probs(logits, vocab_size):
     """Float32 log-softmax of `(N, V)` logits, checking V when it is known."""
     _check_logits(logits, vocab_size)
     return tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
-
-
-def _block_size(vocab_size, num_candidates):
-    """A block length near 128 that divides V into at least `num_candidates`
-    blocks, for `_best_extensions`; None when there is none (then it sorts
-    the whole table)."""
-    sizes = sorted(range(32, 257), key=lambda size: abs(size - 128))
-    return next((size for size in sizes
-                 if vocab_size % size == 0 and vocab_size // size >= num_candidates), None)
-
-
-def _best_extensions(logits, alive_log_probs, k, block_size):
-    """The k best one-token extensions of the live hypotheses of each example.
-
-    Exactly `tf.nn.top_k` over the `(B, K * V)` table
-    `alive_log_probs + log_softmax(logits)` (ties go to the lower index), but
-    without writing that table, and selecting in two small passes: the best k
-    blocks of `block_size` tokens by their maxima, then the best k entries of
-    those blocks, in index order. The best k entries lie in those blocks: a
-    block left out has k blocks ranked before it, each with an entry that
-    ranks before every entry of its own. On a CPU the full `top_k` over
-    148000 entries a row took two thirds of a beam-search step's selection.
-
-    Args:
-        logits: float32 `(B * K, V)`.
-        alive_log_probs: float32 `(B, K)`, -inf for beams without a hypothesis.
-        k: how many extensions to keep.
-        block_size: a divisor of V with V / block_size >= k, or None to run
-            `top_k` over the whole table.
-
-    Returns:
-        values `(B, k)`: log P(hypothesis + token), best first; indices
-        `(B, k)`: `beam * V + token`.
-    """
-    beam_size = alive_log_probs.shape[1]
-    vocab_size = logits.shape[-1]
-    logits = tf.reshape(logits, [-1, beam_size, vocab_size])  # (B, K, V)
-    # log P(hypothesis + token) = logit + shift: log P(hypothesis) - log Z.
-    shift = alive_log_probs - tf.reduce_logsumexp(logits, axis=-1)  # (B, K)
-    if block_size is None:
-        table = tf.reshape(logits + shift[:, :, tf.newaxis], [-1, beam_size * vocab_size])
-        return tf.nn.top_k(table, k=k)
-    blocks_per_beam = vocab_size // block_size
-    blocks = tf.reshape(logits, [-1, beam_size * blocks_per_beam, block_size])  # (B, K*V/b, b)
-    block_maxima = tf.reduce_max(blocks, axis=-1) + tf.repeat(shift, blocks_per_beam, axis=1)
-    _, best_blocks = tf.nn.top_k(block_maxima, k=k)  # (B, k)
-    best_blocks = tf.sort(best_blocks, axis=-1)  # index order, for ties
-    candidates = tf.gather(blocks, best_blocks, batch_dims=1) + tf.gather(
-        shift, best_blocks // blocks_per_beam, batch_dims=1)[:, :, tf.newaxis]  # (B, k, b)
-    values, positions = tf.nn.top_k(tf.reshape(candidates, [-1, k * block_size]), k=k)
-    block_index = tf.gather(best_blocks, positions // block_size, batch_dims=1)  # (B, k)
-    return values, block_index * block_size + positions % block_size
 
 
 def _same_shapes(new_cache, old_cache):

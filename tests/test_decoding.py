@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_transformer import beam_candidates
 from keras_transformer import decoding
 
 PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4
@@ -435,16 +436,16 @@ class TestBestExtensions:
         table = table.reshape(batch, beams * vocab)
         expected = np.argsort(-table, axis=1, kind="stable")[:, :k]  # ties: lower index first
         for block_size in (4, 10, None):
-            values, indices = decoding._best_extensions(
+            values, indices = beam_candidates.best_extensions(
                 tf.constant(logits), tf.constant(alive), k, block_size)
             np.testing.assert_array_equal(indices, expected)
             np.testing.assert_allclose(values, np.take_along_axis(table, expected, 1), rtol=1e-6)
 
     def test_block_size_divides_the_vocabulary_into_enough_blocks(self):
-        assert decoding._block_size(37000, 8) == 125
-        assert decoding._block_size(32000, 8) == 128
-        assert decoding._block_size(32003, 8) is None  # prime: the whole table is sorted
-        assert decoding._block_size(200, 8) is None  # 32 is the smallest block: 6 blocks
+        assert beam_candidates.block_size(37000, 8) == 125
+        assert beam_candidates.block_size(32000, 8) == 128
+        assert beam_candidates.block_size(32003, 8) is None  # prime: the whole table is sorted
+        assert beam_candidates.block_size(200, 8) is None  # 32 is the smallest block: 6 blocks
 
 
 class TestCompiled:
