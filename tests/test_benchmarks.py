@@ -124,6 +124,31 @@ def test_decode_throughput_prints_json():
 
 
 @pytest.mark.slow
+def test_serving_latency_prints_json(tmp_path):
+    """Tiny random model, 8 forced steps a request, requests of 1 and 4 sentences."""
+    out = tmp_path / "out"
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "serving_latency.py"),
+               "--quick", "--out-dir", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900,
+                            env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report == json.loads((out / "report.json").read_text())
+    assert report["batch_sizes"] == [1, 4] and report["machine"]["device"]["type"] == "CPU"
+    assert set(report["engines"]) == {"ours_float32", "ctranslate2_float32", "ctranslate2_int8"}
+    for engine in report["engines"].values():
+        for size, measured in engine.items():
+            # 8 sentences per batch size, at least 2 requests.
+            assert measured["requests"] == max(2, 8 // int(size))
+            assert 0 < measured["p50_ms"] <= measured["p95_ms"]
+            assert measured["sentences_per_second"] > 0 and measured["first_request_ms"] > 0
+    # The same weights and settings: CTranslate2 float32 translates as ours does.
+    assert report["same_translations_as_ours_float32"]["ctranslate2_float32"] >= 0.95
+    assert report["over_ctranslate2"]["ours_float32/ctranslate2_int8"]["4"] > 0
+    assert os.path.getsize(report["plot"]) > 0
+
+
+@pytest.mark.slow
 def test_input_pipeline_prints_json():
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "input_pipeline.py"),
                "--split", "dev", "--vocab-size", "600", "--epochs", "2",
