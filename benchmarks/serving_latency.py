@@ -31,7 +31,8 @@ p50 and p95 latency in milliseconds, and the first request's latency (tracing
 or compilation, paid before the timed requests). `same_translations_as_...`:
 each engine's share of translations of the first 32 sentences identical to
 the first engine's. The report goes to
-OUT_DIR/report.json and stdout, then the plot to OUT_DIR/serving_latency.png
+`--out-dir`/report.json (runs/serving_latency) and stdout, then the plot to
+serving_latency.png beside it
 (matplotlib, the `benchmarks` extra; without it one line says so).
 """
 
@@ -95,7 +96,7 @@ def parse_args(argv):
     parser.add_argument("--jit-compile", default="auto", choices=("auto", "on", "off"),
                         help="ours with XLA (export --jit-compile)")
     parser.add_argument("--no-ctranslate2", action="store_true")
-    parser.add_argument("--out-dir", default="benchmarks/results/serving_latency")
+    parser.add_argument("--out-dir", default=os.path.join("runs", "serving_latency"))
     parser.add_argument("--quick", action="store_true",
                         help="tiny model, vocabulary 400, batch sizes 1,4: a smoke check")
     args = parser.parse_args(argv)
