@@ -51,11 +51,11 @@ T max_output_length, N rows seen by the step function (B for greedy, B * K for b
 """
 
 import collections
-import operator
 
 import tensorflow as tf
 
 from keras_transformer import beam_candidates
+from keras_transformer import search_arguments
 
 # Log probability of a slot holding no hypothesis: an unused beam, an unfilled
 # finished slot, a candidate that is masked out. Masks are applied with
@@ -122,10 +122,10 @@ def greedy_search(
         scores: float32 `(B,)`, the log probability of each sequence (sum over
             its tokens, no length penalty).
     """
-    max_output_length = _static_max_output_length(max_output_length)
-    initial_ids = _check_initial_ids(initial_ids)
-    batch_size = _dim(initial_ids, 0)
-    max_output_lengths = _resolve_max_output_lengths(
+    max_output_length = search_arguments.static_max_output_length(max_output_length)
+    initial_ids = search_arguments.check_initial_ids(initial_ids)
+    batch_size = search_arguments.dim(initial_ids, 0)
+    max_output_lengths = search_arguments.resolve_max_output_lengths(
         max_output_lengths, batch_size, max_output_length)
     initial_cache = {} if initial_cache is None else initial_cache
     columns = tf.range(max_output_length + 1)  # (T + 1,)
@@ -146,7 +146,7 @@ def greedy_search(
 
     def body(state):
         logits, cache = symbols_to_logits_fn(state.ids, state.step, state.cache)
-        cache = _same_shapes(cache, state.cache)
+        cache = search_arguments.same_shapes(cache, state.cache)
         log_probs = _log_probs(logits, vocab_size=None)  # (B, V)
         tokens = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # (B,)
         token_log_probs = tf.gather(log_probs, tokens, batch_dims=1)  # (B,)
@@ -176,7 +176,7 @@ def greedy_search(
         condition,
         body,
         loop_vars=(state,),
-        shape_invariants=(_shape_invariants(state),),
+        shape_invariants=(search_arguments.shape_invariants(state),),
     )
     return state.ids[:, 1:], state.log_probs  # (B, T), (B,)
 
@@ -195,6 +195,7 @@ def beam_search(
     padding_id=0,
     ignore_eos=False,
     reorder_cache=None,
+    select_examples=None,
 ):
     """Beam search with the GNMT length penalty, returning the n-best list.
 
@@ -240,6 +241,14 @@ def beam_search(
         reorder_cache: optional `(cache, parents) -> cache`, called after every
             step instead of the gather; `parents` is int32 `(B, K)`, the beam
             each surviving hypothesis extends (e.g. `Transformer.reorder_cache`).
+        select_examples: optional `(cache, examples) -> cache`, the cache (as
+            the step function keeps it) of the examples `examples`, int32
+            `(B',)` indices into the batch of the step (e.g.
+            `Transformer.select_examples`). With it, an example leaves the batch
+            once its n-best list is final, and the steps after it run on the
+            others only, as CTranslate2's do; examples leave together, when a
+            quarter of those in the batch are done, so that the cache is copied
+            a few times only. Not under XLA, whose shapes cannot change.
 
     Returns:
         ids: int32 `(B, K, T)`, the K best hypotheses of every example, best
@@ -250,19 +259,18 @@ def beam_search(
             vocabulary or limit), the missing rows have score -inf and only
             `padding_id`.
     """
-    beam_size = _positive_int("beam_size", beam_size)
-    vocab_size = _positive_int("vocab_size", vocab_size)
-    max_output_length = _static_max_output_length(max_output_length)
-    initial_ids = _check_initial_ids(initial_ids)
-    batch_size = _dim(initial_ids, 0)
-    max_output_lengths = _resolve_max_output_lengths(
+    beam_size = search_arguments.positive_int("beam_size", beam_size)
+    vocab_size = search_arguments.positive_int("vocab_size", vocab_size)
+    max_output_length = search_arguments.static_max_output_length(max_output_length)
+    initial_ids = search_arguments.check_initial_ids(initial_ids)
+    batch_size = search_arguments.dim(initial_ids, 0)
+    max_output_lengths = search_arguments.resolve_max_output_lengths(
         max_output_lengths, batch_size, max_output_length)
     initial_cache = {} if initial_cache is None else initial_cache
     num_candidates = min(2 * beam_size, beam_size * vocab_size)
     block_size = beam_candidates.block_size(vocab_size, num_candidates)
     columns = tf.range(max_output_length + 1)  # (T + 1,)
-    # The largest length penalty each example can still reach (alpha >= 0).
-    limit_penalties = length_penalty(max_output_lengths, alpha)  # (B,)
+    compact = select_examples is not None and not ignore_eos
 
     start_ids = _start_buffer(initial_ids, max_output_length, padding_id)  # (B, T + 1)
     # Only beam 0 holds a hypothesis at first: K copies of the start token
@@ -274,6 +282,8 @@ def beam_search(
         ],
         axis=1,
     )  # (B, K)
+    finished_ids = tf.fill([batch_size, beam_size, max_output_length + 1], padding_id)
+    finished_scores = tf.fill([batch_size, beam_size], _NO_HYPOTHESIS)  # (B, K)
     state = _BeamState(
         step=tf.constant(0),
         alive_ids=tf.repeat(start_ids[:, tf.newaxis], beam_size, axis=1),  # (B, K, T + 1)
@@ -281,29 +291,57 @@ def beam_search(
         alive_cache=initial_cache if reorder_cache else tf.nest.map_structure(
             lambda t: tf.repeat(t, beam_size, axis=0), initial_cache
         ),  # leading dimension B * K
-        finished_ids=tf.fill([batch_size, beam_size, max_output_length + 1], padding_id),
-        finished_scores=tf.fill([batch_size, beam_size], _NO_HYPOTHESIS),  # (B, K)
+        finished_ids=finished_ids,
+        finished_scores=finished_scores,
+        examples=tf.range(batch_size),
+        limits=max_output_lengths,
+        done_ids=finished_ids,
+        done_scores=finished_scores,
     )
+
+    def can_improve(state):
+        """(B,): whether a live hypothesis of each example can still enter its n-best list."""
+        # Both sides are sorted best first by top_k.
+        best_alive = state.alive_log_probs[:, 0]  # (B,)
+        # The largest length penalty each example can still reach: at its limit
+        # when alpha >= 0, else now.
+        largest_penalty = tf.maximum(
+            length_penalty(state.step + 1, alpha), length_penalty(state.limits, alpha))
+        return best_alive / largest_penalty > state.finished_scores[:, -1]
 
     def condition(state):
         running = state.step < max_output_length
         if ignore_eos:
             return running
-        # Both sides are sorted best first by top_k.
-        best_alive = state.alive_log_probs[:, 0]  # (B,)
-        largest_penalty = tf.maximum(
-            length_penalty(state.step + 1, alpha), limit_penalties
-        )  # (B,); the first term matters only when alpha < 0
-        best_possible = best_alive / largest_penalty  # (B,)
-        worst_finished = state.finished_scores[:, -1]  # (B,)
-        can_improve = tf.reduce_any(best_possible > worst_finished)
-        return tf.logical_and(running, can_improve)
+        return tf.logical_and(running, tf.reduce_any(can_improve(state)))
+
+    def leave_batch(state):
+        """`state` without the examples whose n-best lists are final, once they
+        are a quarter of the batch; their lists go to `done_*`."""
+        improvable = can_improve(state)  # (B,)
+        active = tf.size(improvable)
+        done = active - tf.reduce_sum(tf.cast(improvable, tf.int32))
+        rows = state.examples[:, tf.newaxis]  # (B, 1) of the whole batch
+
+        def compacted():
+            keep = tf.cast(tf.where(improvable)[:, 0], tf.int32)  # (B',)
+            kept = {name: tf.gather(getattr(state, name), keep) for name in (
+                "alive_ids", "alive_log_probs", "finished_ids", "finished_scores", "examples",
+                "limits")}
+            return state._replace(
+                **kept, alive_cache=select_examples(state.alive_cache, keep),
+                done_ids=tf.tensor_scatter_nd_update(state.done_ids, rows, state.finished_ids),
+                done_scores=tf.tensor_scatter_nd_update(
+                    state.done_scores, rows, state.finished_scores))
+
+        return tf.cond(tf.logical_and(4 * done >= active, done < active), compacted,
+                       lambda: state)
 
     def body(state):
         flat_ids = tf.reshape(state.alive_ids, [-1, max_output_length + 1])  # (B * K, T + 1)
         logits, cache = symbols_to_logits_fn(flat_ids, state.step, state.alive_cache)
-        cache = _same_shapes(cache, state.alive_cache)
-        _check_logits(logits, vocab_size)
+        cache = search_arguments.same_shapes(cache, state.alive_cache)
+        search_arguments.check_logits(logits, vocab_size)
         # The C best extensions over all beams and tokens.
         candidate_log_probs, flat_indices = beam_candidates.best_extensions(
             tf.cast(logits, tf.float32), state.alive_log_probs, num_candidates, block_size
@@ -316,7 +354,7 @@ def beam_search(
             columns == length, tokens[:, :, tf.newaxis], candidate_ids
         )  # (B, C, T + 1)
 
-        at_limit = (length >= max_output_lengths)[:, tf.newaxis]  # (B, 1)
+        at_limit = (length >= state.limits)[:, tf.newaxis]  # (B, 1)
         if ignore_eos:
             ends = tf.zeros_like(tokens, tf.bool)  # (B, C)
         else:
@@ -334,9 +372,8 @@ def beam_search(
         if reorder_cache:
             cache = reorder_cache(cache, alive_parents)
         else:
-            flat_parents = tf.reshape(
-                alive_parents + beam_size * tf.range(batch_size)[:, tf.newaxis], [-1]
-            )  # (B * K,) rows of the flat cache
+            rows = tf.range(tf.shape(alive_parents)[0])[:, tf.newaxis]  # (B, 1)
+            flat_parents = tf.reshape(alive_parents + beam_size * rows, [-1])  # (B * K,)
             cache = tf.nest.map_structure(lambda t: tf.gather(t, flat_parents), cache)
 
         # Finished: the best K of those kept so far and those that end now.
@@ -352,22 +389,21 @@ def beam_search(
             batch_dims=1,
         )  # (B, K, T + 1)
 
-        return (
-            _BeamState(
-                step=length,
-                alive_ids=alive_ids,
-                alive_log_probs=alive_log_probs,
-                alive_cache=cache,
-                finished_ids=finished_ids,
-                finished_scores=finished_scores,
-            ),
+        state = state._replace(
+            step=length,
+            alive_ids=alive_ids,
+            alive_log_probs=alive_log_probs,
+            alive_cache=cache,
+            finished_ids=finished_ids,
+            finished_scores=finished_scores,
         )
+        return (leave_batch(state) if compact else state,)
 
     (state,) = tf.while_loop(
         condition,
         body,
         loop_vars=(state,),
-        shape_invariants=(_shape_invariants(state),),
+        shape_invariants=(search_arguments.shape_invariants(state, any_batch=compact),),
     )
     # Every hypothesis alive at the last step reached max_output_length and was
     # finished, and an early stop leaves no live hypothesis that could enter
@@ -375,10 +411,10 @@ def beam_search(
     # A slot without a hypothesis (score -inf) gets only padding. top_k keeps
     # the first of equal scores, which leaves the initial padding there, but a
     # backend breaking ties otherwise would bring in a dead beam's ids.
-    scores = state.finished_scores  # (B, K)
-    ids = tf.where(
-        (scores > _NO_HYPOTHESIS)[:, :, tf.newaxis], state.finished_ids, padding_id
-    )  # (B, K, T + 1)
+    rows = state.examples[:, tf.newaxis]  # the examples still in the batch
+    scores = tf.tensor_scatter_nd_update(state.done_scores, rows, state.finished_scores)
+    ids = tf.tensor_scatter_nd_update(state.done_ids, rows, state.finished_ids)
+    ids = tf.where((scores > _NO_HYPOTHESIS)[:, :, tf.newaxis], ids, padding_id)  # (B, K, T + 1)
     return ids[:, :, 1:], scores  # (B, K, T), (B, K)
 
 
@@ -407,6 +443,10 @@ class _BeamState(
             "alive_cache",
             "finished_ids",
             "finished_scores",
+            "examples",
+            "limits",
+            "done_ids",
+            "done_scores",
         ],
     )
 ):
@@ -422,116 +462,24 @@ class _BeamState(
     finished_ids: int32 (B, K, T + 1), the best finished hypotheses so far.
     finished_scores: float32 (B, K), their scores log P / lp(|Y|), best first;
         -inf for slots not filled yet.
+    examples: int32 (B,), the index of each example in the whole batch (they
+        leave it with `select_examples`).
+    limits: int32 (B,), each example's output limit.
+    done_ids, done_scores: `finished_*` of the whole batch, as they were when
+        examples left it.
     """
 
     __slots__ = ()
 
 
-def _positive_int(name, value):
-    """`value` as a Python int >= 1 (it sets static shapes)."""
-    try:
-        number = operator.index(value)
-    except TypeError:
-        number = 0
-    if number < 1:
-        raise ValueError(
-            f"beam_search: {name} must be a positive Python int. Received: {name}={value!r}"
-        )
-    return number
-
-
-def _static_max_output_length(max_output_length):
-    """Returns `max_output_length` as a Python int when its value is known."""
-    value = tf.get_static_value(max_output_length)
-    if value is None:
-        # Graph mode with a computed length: works, but XLA cannot compile it.
-        return tf.cast(max_output_length, tf.int32)
-    value = int(value)
-    if value < 1:
-        raise ValueError(
-            f"max_output_length must be at least 1 (the most tokens to generate). "
-            f"Received: max_output_length={value}"
-        )
-    return value
-
-
-def _check_initial_ids(initial_ids):
-    initial_ids = tf.convert_to_tensor(initial_ids)
-    if initial_ids.shape.rank != 1:
-        raise ValueError(
-            "initial_ids must be a vector (batch,) of start tokens. "
-            f"Received: initial_ids with shape {initial_ids.shape}"
-        )
-    return tf.cast(initial_ids, tf.int32)
-
-
-def _dim(tensor, axis):
-    """The size of `axis`: a Python int when static, else a scalar tensor."""
-    size = tensor.shape[axis]
-    return size if size is not None else tf.shape(tensor)[axis]
-
-
-def _resolve_max_output_lengths(max_output_lengths, batch_size, max_output_length):
-    """Per-example limits `(B,)` int32, clipped to [1, max_output_length]."""
-    if max_output_lengths is None:
-        return tf.fill([batch_size], max_output_length)
-    max_output_lengths = tf.cast(max_output_lengths, tf.int32)
-    if max_output_lengths.shape.rank != 1:
-        raise ValueError(
-            "max_output_lengths must be a vector (batch,) of per-example limits. "
-            f"Received: max_output_lengths with shape {max_output_lengths.shape}"
-        )
-    return tf.clip_by_value(max_output_lengths, 1, max_output_length)
-
-
 def _start_buffer(initial_ids, max_output_length, padding_id):
     """Id buffer `(B, T + 1)`: the start token, then padding."""
-    padding = tf.fill([_dim(initial_ids, 0), max_output_length], padding_id)  # (B, T)
+    batch_size = search_arguments.dim(initial_ids, 0)
+    padding = tf.fill([batch_size, max_output_length], padding_id)  # (B, T)
     return tf.concat([initial_ids[:, tf.newaxis], padding], axis=1)  # (B, T + 1)
-
-
-def _check_logits(logits, vocab_size):
-    """Checks that logits are `(N, V)`, with the V given when it is known."""
-    if logits.shape.rank != 2:
-        raise ValueError(
-            "symbols_to_logits_fn must return logits of shape (rows, vocab_size). "
-            f"Received: logits with shape {logits.shape}"
-        )
-    if vocab_size is not None and logits.shape[-1] not in (None, vocab_size):
-        raise ValueError(
-            f"symbols_to_logits_fn returned logits for {logits.shape[-1]} tokens "
-            f"but beam_search was given vocab_size={vocab_size}; they must agree."
-        )
 
 
 def _log_probs(logits, vocab_size):
     """Float32 log-softmax of `(N, V)` logits, checking V when it is known."""
-    _check_logits(logits, vocab_size)
+    search_arguments.check_logits(logits, vocab_size)
     return tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
-
-
-def _same_shapes(new_cache, old_cache):
-    """Checks that the step function kept the cache's structure and shapes.
-
-    `tf.ensure_shape` also restores static shapes a step function may have
-    lost (a reshape with -1), which the loop's fixed shape invariants need.
-    """
-    try:
-        tf.nest.assert_same_structure(new_cache, old_cache)
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            "symbols_to_logits_fn must return a cache with the structure it "
-            f"received. Received: {_shapes(new_cache)} for {_shapes(old_cache)}"
-        ) from error
-    return tf.nest.map_structure(
-        lambda new, old: tf.ensure_shape(new, old.shape), new_cache, old_cache
-    )
-
-
-def _shapes(structure):
-    return tf.nest.map_structure(lambda t: getattr(t, "shape", t), structure)
-
-
-def _shape_invariants(state):
-    """The loop state's own shapes: nothing grows inside the loop."""
-    return tf.nest.map_structure(lambda t: tf.TensorShape(t.shape), state)

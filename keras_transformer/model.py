@@ -276,6 +276,25 @@ class Transformer(MultiWorkerModel):
         reordered = ops.take_along_axis(by_source, ops.expand_dims(parents, -1), axis=1)
         return dict(cache, self_attention_slots=ops.reshape(reordered, ops.shape(slots)))
 
+    @staticmethod
+    def select_examples(cache, examples):
+        """`decoding.beam_search`'s `select_examples` for a cache of
+        `initial_cache(..., beam_size=K)`: the entries of the sources
+        `examples`, int32 `(B',)`, in that order (the K hypotheses of a source
+        go with it)."""
+        def take(tensor):
+            return ops.take(tensor, examples, axis=0)
+
+        selected = {name: keras.tree.map_structure(take, value)
+                    for name, value in cache.items() if name != "self_attention_slots"}
+        if "self_attention_slots" in cache:
+            slots = cache["self_attention_slots"]  # (B * K, L)
+            length = ops.shape(slots)[1]
+            sources = ops.shape(cache["encoder_padding_mask"])[0]
+            by_source = ops.reshape(slots, (sources, -1, length))  # (B, K, L)
+            selected["self_attention_slots"] = ops.reshape(take(by_source), (-1, length))
+        return selected
+
     def decode_step(self, token_ids, cache, step, output_kernel=None):
         """Logits for the position after `step`, and the updated cache.
 

@@ -529,6 +529,8 @@ class Translator(tf.Module):
                 padding_id=PAD_ID,
                 ignore_eos=self.ignore_eos,
                 reorder_cache=model.reorder_cache,
+                # Finished sources leave the batch; XLA's shapes cannot change.
+                select_examples=None if self.jit_compile else model.select_examples,
             )
 
         return tf.function(

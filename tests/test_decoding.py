@@ -319,13 +319,27 @@ class _PrefixModel:
         return complete
 
 
+def _select_tiled(beam_size):
+    """`select_examples` for a cache tiled to K rows per example, batch-major."""
+
+    def select(cache, examples):
+        def take(t):
+            by_example = tf.reshape(t, [-1, beam_size, *t.shape[1:]])  # (B, K, ...)
+            return tf.reshape(tf.gather(by_example, examples), [-1, *t.shape[1:]])
+
+        return tf.nest.map_structure(take, cache)
+
+    return select
+
+
 class TestExhaustive:
     # beam_size 12 makes the search exact here: at step t < 4 at most
     # 3 * 2**(t-1) <= 12 candidates exist and at most 2**3 = 8 live hypotheses,
     # so none is pruned before the last step, where the best K of the
     # equal-length candidates are kept.
     @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
-    def test_beam_equals_exhaustive_search(self, alpha):
+    @pytest.mark.parametrize("leave", [False, True], ids=["", "leaving-the-batch"])
+    def test_beam_equals_exhaustive_search(self, alpha, leave):
         model = _PrefixModel(seed=0, batch_size=3)
         starts, limits, beam_size = [_R_A, _R_B, _R_A], [4, 3, 2], 12
         ids, scores = _numpy(
@@ -339,6 +353,8 @@ class TestExhaustive:
                 beam_size=beam_size,
                 alpha=alpha,
                 max_output_lengths=tf.constant(limits),
+                # The examples reach their limits one a step and leave the batch.
+                select_examples=_select_tiled(beam_size) if leave else None,
             )
         )
         for b, (start, limit) in enumerate(zip(starts, limits)):
@@ -416,6 +432,34 @@ class TestEquivalences:
         assert (greedy_ids[:, -1] != _R_EOS).any() and (greedy_ids[:, -1] != PAD).any()
         np.testing.assert_array_equal(beam_ids[:, 0], greedy_ids)
         np.testing.assert_allclose(beam_scores[:, 0], greedy_scores, rtol=1e-6)
+
+
+class TestLeavingTheBatch:
+    def test_equals_the_search_that_keeps_every_example(self):
+        """Eight examples of different limits, in a graph of unknown batch size
+        (as served): the batch shrinks inside the loop, the cache rows move
+        with their examples (`check_path`), the outputs go back in order."""
+        model = _PrefixModel(seed=7, batch_size=8)
+        beam_size = 3
+        limits = tf.constant([1, 4, 2, 4, 3, 1, 2, 4])
+        starts = tf.constant([_R_A, _R_B] * 4)
+
+        def search(starts, limits, source, leave):
+            return decoding.beam_search(
+                model.cached_fn(check_path=True), starts, model.cached_state(source),
+                vocab_size=_VOCAB, max_output_length=_MAX_LENGTH, eos_id=_R_EOS,
+                beam_size=beam_size, alpha=0.6, max_output_lengths=limits,
+                select_examples=_select_tiled(beam_size) if leave else None)
+
+        specs = [tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
+                 tf.TensorSpec([None, _VOCAB], tf.float32)]
+        leaving = tf.function(lambda *args: search(*args, True), input_signature=specs)
+        ids, scores = _numpy(leaving(starts, limits, tf.constant(model.source)))
+        expected_ids, expected_scores = _numpy(
+            search(starts, limits, tf.constant(model.source), False))
+        np.testing.assert_array_equal(ids, expected_ids)
+        np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
+        assert np.isfinite(scores[:, 0]).all()
 
 
 class TestBestExtensions:

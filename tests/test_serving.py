@@ -46,18 +46,27 @@ def test_cached_decoding_equals_rerunning_the_full_decoder(model, tokenizer):
     gives the ids and scores of beam search over a cache tiled to one copy per
     hypothesis and gathered every step, over a step function that re-runs the
     whole model on the full prefix every step, and over ones that re-run the
-    decoder only (memory tiled, or once per source)."""
+    decoder only (memory tiled, or once per source); and so does the search whose
+    finished sources leave the batch (`Transformer.select_examples`), here at
+    their different limits."""
     source = tokenizer.tokenize(tf.constant(SENTENCES)).to_tensor()  # (B, S)
     batch, max_length, beam_size = source.shape[0], 12, 3
     start = tf.fill([batch], BOS_ID)
     args = dict(vocab_size=model.config.vocab_size, max_output_length=max_length, eos_id=EOS_ID,
-                beam_size=beam_size, alpha=0.6)
+                beam_size=beam_size, alpha=0.6, max_output_lengths=tf.constant([5, 12, 8, 3]))
 
     @tf.function(autograph=False)
     def shared_cache():
         cache = model.initial_cache(source, max_length, beam_size=beam_size)
         return decoding.beam_search(model.step_function(), start, cache,
                                     reorder_cache=model.reorder_cache, **args)
+
+    @tf.function(autograph=False)
+    def leaving_the_batch():
+        cache = model.initial_cache(source, max_length, beam_size=beam_size)
+        return decoding.beam_search(model.step_function(), start, cache,
+                                    reorder_cache=model.reorder_cache,
+                                    select_examples=model.select_examples, **args)
 
     @tf.function(autograph=False)
     def tiled_cache():
@@ -82,7 +91,8 @@ def test_cached_decoding_equals_rerunning_the_full_decoder(model, tokenizer):
 
     cached_ids, cached_scores = shared_cache()
     assert np.all(np.isfinite(cached_scores))
-    for twin in (tiled_cache, uncached, decoder_only, decoder_only_shared_memory):
+    for twin in (leaving_the_batch, tiled_cache, uncached, decoder_only,
+                 decoder_only_shared_memory):
         full_ids, full_scores = twin()
         np.testing.assert_array_equal(cached_ids, full_ids)
         np.testing.assert_allclose(cached_scores, full_scores, rtol=1e-5, atol=1e-5)
