@@ -30,10 +30,9 @@ Per engine and batch size: sentences/s (sentences over the summed latencies),
 p50 and p95 latency in milliseconds, and the first request's latency (tracing
 or compilation, paid before the timed requests). `same_translations_as_...`:
 each engine's share of translations of the first 32 sentences identical to
-the first engine's. The report goes to
-`--out-dir`/report.json (runs/serving_latency) and stdout, then the plot to
-serving_latency.png beside it
-(matplotlib, the `benchmarks` extra; without it one line says so).
+the first engine's. The report goes to `--out-dir`/report.json
+(runs/serving_latency) and stdout, then the plot to serving_latency.png beside
+it (matplotlib, the `benchmarks` extra; without it one line says so).
 """
 
 import argparse
@@ -272,7 +271,13 @@ def plot(report, path):
         axes.set_ylabel(label)
         axes.grid(alpha=0.3, which="both")
     speed.legend(fontsize=8)
-    device = report["machine"]["device"]["name"]
+    machine = report["machine"]
+    device = machine["device"]["name"]
+    if machine["device"]["type"] == "CPU":
+        extensions = [name for name, flag in (("AMX", "amx"), ("AVX512-BF16", "avx512_bf16"),
+                                              ("AVX-512", "avx512f"), ("AVX2", "avx2"))
+                      if machine[flag]]
+        device += f" ({machine['cpus']} cores, {extensions[0] if extensions else 'no AVX2'})"
     figure.suptitle(f"{report['model']['description']}, beam {BEAM_SIZE}; {device}", fontsize=9)
     figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)
@@ -285,8 +290,11 @@ def main(argv=None):
                  data.load_parallel("bundled", "test")
                  .take(max(max(args.batch_sizes) * 2, CHECKED_SENTENCES))
                  .as_numpy_iterator()]
-    described = (f"run {args.run}" if args.run else
-                 f"{args.preset} dims, random weights, {args.forced_steps} steps a request")
+    config = model.config
+    dims = (f"{config.num_layers}+{config.num_layers} layers, d_model {config.d_model}, "
+            f"vocabulary {config.vocab_size}")
+    described = (f"run {os.path.basename(os.path.normpath(args.run))} ({dims})" if args.run else
+                 f"{args.preset} ({dims}), random weights, {args.forced_steps} steps a request")
     report = {
         "model": {"description": described, "parameters": model.count_params(),
                   "vocab_size": model.config.vocab_size, "beam_size": BEAM_SIZE,
