@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+from keras_transformer import serving_shapes
 from keras_transformer.durable import write_atomically
 from keras_transformer.serving import positive_int
 
@@ -106,9 +107,11 @@ def export_translator(
             json.dump(resolved, f, indent=2, sort_keys=True)
             f.write("\n")
         if warmup_texts:
+            # With XLA, also one request of each padded shape: all compile at load.
+            shapes = (serving_shapes.warmup_requests(translator, warmup_texts)
+                      if translator.jit_compile else ())
             write_warmup_requests(
-                os.path.join(extra, WARMUP_FILENAME), warmup_texts, translator.ids_only
-            )
+                os.path.join(extra, WARMUP_FILENAME), warmup_texts, translator.ids_only, shapes)
         if check:
             if translator.ids_only:
                 inputs = {"ids": _example_ids(translator.model.config.vocab_size)}
@@ -181,8 +184,9 @@ def next_version(export_dir):
     return max(versions, default=0) + 1
 
 
-def write_warmup_requests(path, texts, ids_only=False):
-    """Writes TF Serving warm-up requests: one Predict request per signature.
+def write_warmup_requests(path, texts, ids_only=False, more_requests=()):
+    """Writes TF Serving warm-up requests: one Predict request per signature,
+    then `more_requests`, `(signature, {input: list})` pairs.
 
     TF Serving replays `assets.extra/tf_serving_warmup_requests` (a TFRecord
     file of `PredictionLog` protos) when it loads a version, so the first real
@@ -208,6 +212,11 @@ def write_warmup_requests(path, texts, ids_only=False):
             ("score", {"source": texts, "target": texts}),
             ("translate_ids", {"ids": ids}),
         ]
+    dtypes = dict(ids=tf.int32, text=tf.string, beam_size=tf.int32, alpha=tf.float32,
+                  extra_length=tf.int32)
+    requests += [(signature, {name: tf.make_tensor_proto(value, dtypes[name])
+                              for name, value in inputs.items()})
+                 for signature, inputs in more_requests]
     with tf.io.TFRecordWriter(path) as writer:
         for signature_name, inputs in requests:
             request = predict_pb2.PredictRequest(

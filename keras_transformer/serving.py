@@ -29,26 +29,21 @@ cross-attention (averaged over heads) weighs most while predicting it; -1 after
 the end. `translate_aligned` aligns the beam search's best output the same way,
 from the ids it generated.
 
-Optional inputs: the knobs are scalar inputs with defaults recorded in the
-SignatureDef (`SignatureDef.defaults`; the placeholders are
-`PlaceholderWithDefault`). TF Serving's gRPC Predict API and any TF1 session
-may leave them out; its REST API needs every input of a signature that has
-more than one, so REST clients either call `serving_default` (text only, the
-paper's settings) or send all four inputs of `translate` in the columnar
-`"inputs"` format. From Python, `tf.saved_model.load(path).translate(text)`
-applies the defaults; the `.signatures[...]` wrappers need every input.
+Optional inputs: the knobs are scalar inputs with defaults in the SignatureDef
+(`PlaceholderWithDefault`), which TF Serving's gRPC Predict API and TF1
+sessions may leave out; its REST API needs every input of a signature with more
+than one (call `serving_default`, or send all four of `translate`). From Python,
+`tf.saved_model.load(path).translate(text)` applies the defaults.
 
-Beam size at run time: the search allocates `(B, K, T)` buffers and compiles
-one program per K, so `beam_size` must be one of a fixed set of sizes traced
-at export (`beam_sizes`, default 1, 2, 4, 8; `tf.switch_case` picks one).
-Another value is answered with an `InvalidArgument` error that lists them.
+Beam size at run time: one of the sizes traced at export (`beam_sizes`, default
+1, 2, 4, 8; `tf.switch_case` picks one); another gets an `InvalidArgument`.
+With `jit_compile`, requests are padded to a few shapes, all compiled by the
+warm-up requests (`keras_transformer.serving_shapes`).
 
-Request limits, set when the translator is made (`export.py --max-batch-size
---max-input-chars`) and recorded in the export's `assets.extra/config.json`: a
-request of more than `max_batch_size` sentences, or with a sentence of more than
-`max_input_chars` characters, is refused with an `InvalidArgument` error naming
-the limit, before any tokenization or search, so in milliseconds whatever its
-size; `extra_length` is clamped to `max_output_length`.
+Request limits (`export --max-batch-size --max-input-chars`, recorded in
+`assets.extra/config.json`): a request of more than `max_batch_size` sentences,
+or with a sentence of more than `max_input_chars` characters, is refused with
+an `InvalidArgument` error naming the limit, before any tokenization or search.
 
 Bad input is answered, not crashed on:
 - runs of whitespace (tabs, newlines, Unicode spaces) become one space and the
@@ -63,21 +58,20 @@ Bad input is answered, not crashed on:
   non-finite `alpha` or ids outside the vocabulary give an `InvalidArgument`
   error that says what was received.
 
-Without tensorflow-text: every export's graph holds the tokenizer's ops, which
-stock TF Serving links in but a bare TensorFlow does not. `Translator(model,
-None)` (`export.py --ids-only`) makes an export with `translate_ids` alone (and
+Without tensorflow-text (which stock TF Serving links in): `Translator(model,
+None)` (`export --ids-only`) exports `translate_ids` alone (and
 `serving_default` taking `ids`), which loads with tensorflow only.
 
 Output length: at most `source tokens + extra_length` generated tokens (end of
-sequence included), and never more than `max_output_length` (the model's
-`max_positions` for learned positions, whose table ends there;
-`max_input_length + extra_length` for sinusoids).
+sequence included), never more than `max_output_length` (learned positions:
+the model's `max_positions`; sinusoids: `max_input_length + extra_length`).
 """
 
 import tensorflow as tf
 
 from keras_transformer import decoding
 from keras_transformer import runs
+from keras_transformer import serving_shapes
 from keras_transformer.token_ids import BOS_ID
 from keras_transformer.token_ids import EOS_ID
 from keras_transformer.token_ids import PAD_ID
@@ -87,8 +81,8 @@ DEFAULT_BEAM_SIZES = (1, 2, 4, 8)
 # batch takes, and its memory grows with the text's length.
 DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_INPUT_CHARS = 10_000
-# Sources are padded to a multiple of this many tokens, so that a
-# jit-compiled search sees a bounded number of shapes.
+# Without XLA, sources are padded to a multiple of this many tokens (with XLA,
+# to one of serving_shapes.source_lengths).
 SOURCE_LENGTH_GRANULARITY = 8
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
 SOURCE_SPEC = tf.TensorSpec([None], tf.string, name="source")
@@ -222,6 +216,10 @@ class Translator(tf.Module):
         self.max_batch_size = positive_int("max_batch_size", max_batch_size)
         self.max_input_chars = positive_int("max_input_chars", max_input_chars)
         self.jit_compile = bool(jit_compile)
+        # XLA's padded request shapes (serving_shapes); none without XLA.
+        self.batch_sizes = serving_shapes.batch_sizes(self.max_batch_size) if jit_compile else ()
+        self.source_lengths = (serving_shapes.source_lengths(max_input_length)
+                               if jit_compile else ())
         self.use_cache = bool(use_cache)
         self.ignore_eos = bool(ignore_eos)
         self._searches = [self._search_function(k) for k in beam_sizes]
@@ -280,6 +278,8 @@ class Translator(tf.Module):
             "max_input_chars": self.max_input_chars,
             "precision": self.model.precision,
             "jit_compile": self.jit_compile,
+            "padded_batch_sizes": list(self.batch_sizes),
+            "padded_source_lengths": list(self.source_lengths),
             "use_cache": self.use_cache,
             "ignore_eos": self.ignore_eos,
             "ids_only": self.ids_only,
@@ -461,25 +461,25 @@ class Translator(tf.Module):
         tokens = tf.cast(tokens, tf.int32)[:, : self.max_input_length]
         lengths = tf.cast(tokens.row_lengths(), tf.int32)  # (B,)
         batch_size = tf.shape(lengths)[0]
-        # At least one row, so that an empty batch decodes one empty source;
-        # with XLA, a power of two rows, so that batch sizes share programs.
+        # At least one row, so that an empty batch decodes one empty source.
         padded_batch = tf.maximum(batch_size, 1)
-        if self.jit_compile:
-            padded_batch = tf.cast(
-                2 ** tf.math.ceil(tf.math.log(tf.cast(padded_batch, tf.float32)) / tf.math.log(2.0)),
-                tf.int32,
-            )
-        granularity = SOURCE_LENGTH_GRANULARITY
         longest = tf.maximum(tf.reduce_max(lengths), 1)  # (the max of none is INT_MIN)
-        width = tf.minimum((longest + granularity - 1) // granularity * granularity,
-                           max(self.max_input_length, 1))
-        width = tf.maximum(width, longest)
+        if self.jit_compile:  # one of the few shapes the warm-up compiles
+            padded_batch = serving_shapes.pad_to(self.batch_sizes, padded_batch)
+            width = serving_shapes.pad_to(self.source_lengths, longest)
+        else:
+            granularity = SOURCE_LENGTH_GRANULARITY
+            width = tf.minimum((longest + granularity - 1) // granularity * granularity,
+                               self.max_input_length)
+            width = tf.maximum(width, longest)
         source_ids = tokens.to_tensor(PAD_ID, shape=tf.stack([padded_batch, width]))  # (B', S)
         padded_lengths = tf.pad(lengths, [[0, padded_batch - batch_size]])  # (B',)
 
         # Sec. 6.1: at most input length + 50 tokens; an empty source stops
         # after one step (its output is replaced by "").
         longest_output = tf.clip_by_value(width + extra_length, 1, self.max_output_length)
+        if self.jit_compile:  # one output buffer for all: programs only per padded shape
+            longest_output = tf.constant(self.max_output_length)
         output_limits = tf.where(padded_lengths > 0, padded_lengths + extra_length, 1)
 
         ids, scores = self._dispatch(beam_size, source_ids, output_limits, longest_output, alpha)

@@ -132,6 +132,11 @@ def main(argv=None, prog=PROG):
         return 1
     checked = "" if args.no_check else ", checked in a separate process"
     print(f"{prog}: wrote {path}{checked}")
+    if translator.jit_compile:
+        shapes = len(translator.batch_sizes) * len(translator.source_lengths)
+        print(f"  XLA: requests padded to {shapes} shapes (rows {translator.batch_sizes}, "
+              f"source tokens {translator.source_lengths}), compiled by the warm-up requests "
+              "when the model server loads the version")
     print(f"  saved_model_cli show --dir {path} --all")
     print(f"  TF Serving: --model_config_file={os.path.basename(server_files[0])} "
           f"--enable_batching --batching_parameters_file={os.path.basename(server_files[1])} "
