@@ -142,7 +142,9 @@ def write_model_server_files(export_dir, translator, model_name=None, base_path=
     `batch_timeout_micros`, on `num_batch_threads` threads (default: this
     machine's cores). The server's batching needs every input of a signature to
     have a batch dimension: with `--enable_batching`, call `serving_default`
-    (text only), not `translate` with its scalar knobs.
+    (text only), not `translate` with its scalar knobs. For an XLA export, the
+    server pads merged batches to the export's padded batch sizes
+    (`allowed_batch_sizes`).
 
     Returns:
         The paths of the two files.
@@ -163,8 +165,11 @@ def write_model_server_files(export_dir, translator, model_name=None, base_path=
         "num_batch_threads": num_batch_threads or os.cpu_count() or 1,
     }
     paths = [os.path.join(export_dir, name) for name in (MODELS_CONFIG_FILENAME, BATCHING_FILENAME)]
+    # An XLA export's merged batches are padded to its compiled batch sizes.
+    allowed = "".join(f"allowed_batch_sizes: {size}\n" for size in translator.batch_sizes)
     texts = [text_format.MessageToString(config),
-             "".join(f"{name} {{ value: {value} }}\n" for name, value in batching.items())]
+             "".join(f"{name} {{ value: {value} }}\n" for name, value in batching.items())
+             + allowed]
     os.makedirs(export_dir, exist_ok=True)
     for path, text in zip(paths, texts):
         write_atomically(path, lambda temporary, text=text: _write_text(temporary, text))
@@ -212,8 +217,7 @@ def write_warmup_requests(path, texts, ids_only=False, more_requests=()):
             ("score", {"source": texts, "target": texts}),
             ("translate_ids", {"ids": ids}),
         ]
-    dtypes = dict(ids=tf.int32, text=tf.string, beam_size=tf.int32, alpha=tf.float32,
-                  extra_length=tf.int32)
+    dtypes = dict(ids=tf.int32, text=tf.string)
     requests += [(signature, {name: tf.make_tensor_proto(value, dtypes[name])
                               for name, value in inputs.items()})
                  for signature, inputs in more_requests]

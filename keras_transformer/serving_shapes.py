@@ -36,16 +36,16 @@ def pad_to(sizes, value):
 
 
 def warmup_requests(translator, texts):
-    """`[(signature, inputs)]`: one `translate` request of every padded shape of
-    `translator` (a jit-compiled `serving.Translator`), which compiles the
-    programs of every signature. Its first sentence is made of the words of
-    `texts`, repeated until it has the shape's source length in tokens (one
-    more than the next shorter length, at least), the other rows are empty,
-    and `extra_length` is 0, so that each request decodes few steps; an
-    ids-only translator gets `translate_ids` requests of ids."""
+    """`[(signature, inputs)]`: one `serving_default` request of every padded
+    shape of `translator` (a jit-compiled `serving.Translator`); every
+    signature runs the same compiled programs. Its first sentence is made of
+    the words of `texts`, repeated until it has the shape's source length in
+    tokens (one more than the next shorter length, at least), and the other
+    rows are empty, which finish at the first step; an ids-only translator
+    gets ids. No scalar knobs: TF Serving's batching replays warm-up requests
+    too, and it batches only inputs with a batch dimension."""
     requests = []
     words = " ".join(texts).split() or ["Hello."]
-    knobs = {"beam_size": translator.beam_size, "alpha": translator.alpha, "extra_length": 0}
     lengths = source_lengths(translator.max_input_length)
     for shorter, length in zip((0, *lengths), lengths):
         for rows in batch_sizes(translator.max_batch_size):
@@ -55,8 +55,7 @@ def warmup_requests(translator, texts):
             else:
                 first = _sentence(translator.tokenizer, words, shorter + 1, length)
                 inputs = {"text": [first] + [""] * (rows - 1)}
-            signature = "translate_ids" if translator.ids_only else "translate"
-            requests.append((signature, dict(inputs, **knobs)))
+            requests.append(("serving_default", inputs))
     return requests
 
 

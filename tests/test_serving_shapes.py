@@ -82,6 +82,11 @@ def test_no_live_request_compiles_after_the_warm_up(model, tokenizer, tmp_path):
         settings = json.load(f)["translator"]
     assert settings["padded_batch_sizes"] == [1, 4, 5]
     assert settings["padded_source_lengths"] == [16, 20]
+    # TF Serving's batching pads merged batches to the compiled sizes.
+    _, batching = saved_model.write_model_server_files(str(tmp_path / "export"), translator)
+    with open(batching) as f:
+        assert f.read().endswith(
+            "allowed_batch_sizes: 1\nallowed_batch_sizes: 4\nallowed_batch_sizes: 5\n")
     # Sources of 1 to 20 tokens (the longest truncated to 20): every padded length.
     sentences = ["Hi.", *SENTENCES, " ".join(SENTENCES * 3)]
     lengths = tokenizer.tokenize(tf.constant(sentences)).row_lengths().numpy()
