@@ -37,7 +37,6 @@ plot.
 
 import argparse
 import csv
-import importlib.util
 import json
 import logging
 import os
@@ -49,6 +48,7 @@ import sys
 import time
 
 from machine import cpu_flags
+import reporting
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # As train.py: TensorFlow's BFC allocator keeps freed CPU buffers for the next step.
@@ -338,22 +338,8 @@ def run_worker(system, args):
 
 
 def write_report(report, out_dir, plot_path):
-    """Writes `report` to OUT_DIR/report.json and stdout, then the plot: a plot is
-    optional, a finished run's figures are not. Without matplotlib, or if the plot
-    fails, one line on stderr says so."""
-    can_plot = importlib.util.find_spec("matplotlib") is not None
-    report["plot"] = plot_path if can_plot else None
-    with open(os.path.join(out_dir, "report.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    print(json.dumps(report, indent=2), flush=True)
-    if not can_plot:
-        log("no plot: matplotlib is not installed (pip install matplotlib, or the "
-            "package's [benchmarks] extra); the figures are in report.json")
-        return
-    try:
-        plot(report, plot_path)
-    except Exception as error:  # noqa: BLE001 (the report is written; the plot is extra)
-        log(f"no plot: {type(error).__name__}: {error}; the figures are in report.json")
+    """The report, then its plot (`reporting.write_report`)."""
+    reporting.write_report(report, out_dir, plot_path, lambda *args: plot(*args), log)
 
 
 def plot(report, path):

@@ -28,7 +28,9 @@ end of sequence ignored), as `decode_throughput.py` does.
 
 Per engine and batch size: sentences/s (sentences over the summed latencies),
 p50 and p95 latency in milliseconds, and the first request's latency (tracing
-or compilation, paid before the timed requests). `same_translations_as_...`:
+or compilation, paid before the timed requests; with XLA, after the export's
+warm-up requests are replayed as TF Serving does at load, whose seconds are
+`warmup_replay_seconds`). `same_translations_as_...`:
 each engine's share of translations of the first 32 sentences identical to
 the first engine's. The report goes to `--out-dir`/report.json
 (runs/serving_latency) and stdout, then the plot to serving_latency.png beside
@@ -36,8 +38,6 @@ it (matplotlib, the `benchmarks` extra; without it one line says so).
 """
 
 import argparse
-import importlib.util
-import json
 import math
 import os
 import sys
@@ -63,6 +63,7 @@ from keras_transformer import saved_model  # noqa: E402
 from keras_transformer import serving  # noqa: E402
 from machine import cpu_flags  # noqa: E402
 from machine import tensorflow_device  # noqa: E402
+import reporting  # noqa: E402
 
 BEAM_SIZE = 4
 CHECKED_SENTENCES = 32  # translated by every engine, and compared
@@ -159,14 +160,37 @@ def ours(model, tokenizer, options, precision, jit_compile, directory):
     translator = serving.Translator(model, tokenizer, beam_size=BEAM_SIZE, alpha=0.0,
                                     beam_sizes=(BEAM_SIZE,), jit_compile=jit_compile,
                                     **options)
+    # With XLA, the warm-up requests compile every padded shape (serving_shapes).
     path = saved_model.export_translator(
-        translator, os.path.join(directory, f"ours-{precision}"), warmup_texts=(), check=False)
-    signature = tf.saved_model.load(path).signatures["serving_default"]
+        translator, os.path.join(directory, f"ours-{precision}"),
+        warmup_texts=saved_model.WARMUP_TEXTS if jit_compile else (), check=False)
+    loaded = tf.saved_model.load(path)
+    signature = loaded.signatures["serving_default"]
+    replay_seconds = replay_warmup(loaded, path, translator.settings()) if jit_compile else None
 
     def translate(batch):
         return signature(text=tf.constant(batch))["translation"].numpy()
 
-    return translate
+    return translate, replay_seconds
+
+
+def replay_warmup(loaded, path, settings):
+    """Seconds to replay the export's warm-up requests as TF Serving does when it
+    loads a version (knobs a request leaves out take the export's defaults)."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    defaults = {name: tf.constant(settings[name])
+                for name in ("beam_size", "alpha", "extra_length")}
+    start = time.perf_counter()
+    for record in tf.data.TFRecordDataset(
+            os.path.join(path, "assets.extra", saved_model.WARMUP_FILENAME)):
+        request = prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
+        signature = loaded.signatures[request.model_spec.signature_name]
+        inputs = {name: tf.constant(tf.make_ndarray(proto))
+                  for name, proto in request.inputs.items()}
+        wanted = signature.structured_input_signature[1]
+        signature(**{name: value for name, value in defaults.items() if name in wanted}, **inputs)
+    return time.perf_counter() - start
 
 
 def ctranslate2_engine(model, tokenizer, options, compute_type, device, directory):
@@ -195,7 +219,7 @@ def ctranslate2_engine(model, tokenizer, options, compute_type, device, director
             min_decoding_length=steps if forced else 0, max_batch_size=len(batch))
         return [processor.decode(result.hypotheses[0]) for result in results]
 
-    return translate
+    return translate, None
 
 
 def engines(model, tokenizer, options, args, directory):
@@ -227,25 +251,6 @@ def over_ctranslate2(results):
                             / results[theirs][size]["sentences_per_second"], 3)
                 for size, record in results[mine].items()}
     return ratios
-
-
-def write_report(report, out_dir):
-    """OUT_DIR/report.json and stdout first, then the plot (optional)."""
-    os.makedirs(out_dir, exist_ok=True)
-    plot_path = os.path.join(out_dir, "serving_latency.png")
-    can_plot = importlib.util.find_spec("matplotlib") is not None
-    report["plot"] = plot_path if can_plot else None
-    with open(os.path.join(out_dir, "report.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    print(json.dumps(report, indent=2), flush=True)
-    if not can_plot:
-        log("no plot: matplotlib is not installed (pip install matplotlib, or the "
-            "package's [benchmarks] extra); the figures are in report.json")
-        return
-    try:
-        plot(report, plot_path)
-    except Exception as error:  # noqa: BLE001 (the report is written; the plot is extra)
-        log(f"no plot: {type(error).__name__}: {error}; the figures are in report.json")
 
 
 def plot(report, path):
@@ -307,8 +312,10 @@ def main(argv=None):
     outputs = {}
     with tempfile.TemporaryDirectory() as directory:
         for name, factory in engines(model, tokenizer, options, args, directory):
-            translate = factory()
+            translate, replay_seconds = factory()
             record = report["engines"][name] = {}
+            if replay_seconds is not None:
+                report.setdefault("warmup_replay_seconds", {})[name] = round(replay_seconds, 1)
             for batch_size in args.batch_sizes:
                 record[str(batch_size)] = measure(
                     translate, requests_for(sentences, batch_size, args))
@@ -321,7 +328,8 @@ def main(argv=None):
         name: round(np.mean([a == b for a, b in zip(texts, outputs[first])]), 3)
         for name, texts in outputs.items() if name != first}
     report["over_ctranslate2"] = over_ctranslate2(report["engines"])
-    write_report(report, args.out_dir)
+    reporting.write_report(report, args.out_dir,
+                           os.path.join(args.out_dir, "serving_latency.png"), plot, log)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 XLA compiles the beam search once per shape. An export with `jit_compile` pads
 every request up to one of a small fixed set of shapes, its rows and its
-source length each on a geometric grid (`batch_sizes`, `source_lengths`), with
-one output buffer for all (`max_output_length`); its TF Serving warm-up
+source length each on a geometric grid (`batch_sizes`, `source_lengths`), and
+its output buffer the padded source length plus the export's `extra_length`
+(a request's larger `extra_length` is cut to it); its TF Serving warm-up
 requests hold one request of each shape (`warmup_requests`), so that the model
 server compiles them all while it loads the version and no live request waits
 for a compile. On a GPU the padding costs little: a step's time hardly grows

@@ -65,10 +65,10 @@ outputs = []
 for rows in range(1, settings["max_batch_size"] + 1):
     for start in range(len(sentences)):
         batch = [sentences[(start + i) % len(sentences)] for i in range(rows)]
-        outputs.append(call("serving_default", {"text": tf.constant(batch)})["translation"].tolist())
+        outputs.append(call("serving_default", {"text": tf.constant(batch)})["translation"])
 print(json.dumps({"after_warmup": after_warmup,
                   "after_requests": len(glob.glob(os.path.join(cache, "*.pb"))),
-                  "first": [t.decode() for t in outputs[0]]}))
+                  "first": [t.decode() for t in outputs[0].tolist()]}))
 """
 
 
