@@ -477,9 +477,10 @@ class Translator(tf.Module):
 
         # Sec. 6.1: at most input length + 50 tokens; an empty source stops
         # after one step (its output is replaced by "").
-        longest_output = tf.clip_by_value(width + extra_length, 1, self.max_output_length)
         if self.jit_compile:  # one output buffer per padded shape: the export's extra_length
             longest_output = tf.minimum(width + self.extra_length, self.max_output_length)
+        else:
+            longest_output = tf.clip_by_value(width + extra_length, 1, self.max_output_length)
         output_limits = tf.where(padded_lengths > 0, padded_lengths + extra_length, 1)
 
         ids, scores = self._dispatch(beam_size, source_ids, output_limits, longest_output, alpha)

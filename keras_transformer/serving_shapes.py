@@ -49,14 +49,15 @@ def warmup_requests(translator, texts):
     words = " ".join(texts).split() or ["Hello."]
     lengths = source_lengths(translator.max_input_length)
     for shorter, length in zip((0, *lengths), lengths):
-        for rows in batch_sizes(translator.max_batch_size):
-            if translator.ids_only:
-                first = [4 + i % (translator.model.config.vocab_size - 4) for i in range(length)]
-                inputs = {"ids": [first] + [[0] * length] * (rows - 1)}
-            else:
-                first = _sentence(translator.tokenizer, words, shorter + 1, length)
-                inputs = {"text": [first] + [""] * (rows - 1)}
-            requests.append(("serving_default", inputs))
+        if translator.ids_only:
+            first = [4 + i % (translator.model.config.vocab_size - 4) for i in range(length)]
+            empty = [0] * length
+        else:
+            first = _sentence(translator.tokenizer, words, shorter + 1, length)
+            empty = ""
+        name = "ids" if translator.ids_only else "text"
+        requests += [("serving_default", {name: [first] + [empty] * (rows - 1)})
+                     for rows in batch_sizes(translator.max_batch_size)]
     return requests
 
 
