@@ -90,9 +90,10 @@ def test_cached_decoding_compiles_with_xla(model):
     np.testing.assert_allclose(decode(source, target), full, atol=1e-4)
 
 
-def test_beam_search_writing_the_cache_in_place_equals_copying_it(model):
-    """`step_function(write_cache_in_place=True)`, with sources leaving the batch,
-    against the steps that copy the cache: the same ids and scores."""
+def _beam_search(model, **step_options):
+    """A beam search of `model.step_function(**step_options)` in a tf.function, with
+    sources leaving the batch and per-source limits: its ids and scores, and the
+    nodes of its graph's functions (the while loop's body among them)."""
     import tensorflow as tf
 
     from keras_transformer import decoding
@@ -100,26 +101,46 @@ def test_beam_search_writing_the_cache_in_place_equals_copying_it(model):
     source = _ids(5, 7)
     source[2, 3:] = 0
 
-    def search(in_place):
-        @tf.function(autograph=False)
-        def run(source):
-            cache = model.initial_cache(source, 9, beam_size=3)
-            return decoding.beam_search(
-                model.step_function(write_cache_in_place=in_place), tf.fill([5], 1), cache,
-                vocab_size=VOCAB, max_output_length=9, eos_id=2, beam_size=3, alpha=0.6,
-                max_output_lengths=tf.constant([9, 4, 6, 2, 9]), padding_id=0,
-                reorder_cache=model.reorder_cache, select_examples=model.select_examples)
+    @tf.function(autograph=False)
+    def run(source):
+        cache = model.initial_cache(source, 9, beam_size=3)
+        return decoding.beam_search(
+            model.step_function(**step_options), tf.fill([5], 1), cache,
+            vocab_size=VOCAB, max_output_length=9, eos_id=2, beam_size=3, alpha=0.6,
+            max_output_lengths=tf.constant([9, 4, 6, 2, 9]), padding_id=0,
+            reorder_cache=model.reorder_cache, select_examples=model.select_examples)
 
-        graph = run.get_concrete_function(tf.TensorSpec([None, None], tf.int32)).graph
-        library = graph.as_graph_def().library.function  # the while loop's body among them
-        op_types = {node.op for function in library for node in function.node_def}
-        return [np.asarray(t) for t in run(source)], op_types
+    graph = run.get_concrete_function(tf.TensorSpec([None, None], tf.int32)).graph
+    nodes = [node for function in graph.as_graph_def().library.function
+             for node in function.node_def]
+    return [np.asarray(t) for t in run(source)], nodes
 
-    (ids, scores), op_types = search(in_place=True)
-    (copied_ids, copied_scores), copied_op_types = search(in_place=False)
-    assert "InplaceUpdate" in op_types and "InplaceUpdate" not in copied_op_types
+
+def test_beam_search_writing_the_cache_in_place_equals_copying_it(model):
+    """`step_function(write_cache_in_place=True)` against the steps that copy the
+    cache: the same ids and scores."""
+    (ids, scores), nodes = _beam_search(model, write_cache_in_place=True)
+    (copied_ids, copied_scores), copied_nodes = _beam_search(model)
+    assert "InplaceUpdate" in {node.op for node in nodes}
+    assert "InplaceUpdate" not in {node.op for node in copied_nodes}
     np.testing.assert_array_equal(ids, copied_ids)
     np.testing.assert_allclose(scores, copied_scores, rtol=1e-6)
+
+
+def test_beam_search_with_transposed_kernels_equals_plain_kernels(model):
+    """`step_function(transposed_kernels=True)`: each of the decoder's 8
+    projections a layer multiplies by (self-attention Q, K, V, W^O; cross-attention
+    Q, W^O; W_1, W_2) becomes `x W^T`, and the search finds the same ids and scores."""
+    (ids, scores), nodes = _beam_search(model, transposed_kernels=True)
+    (plain_ids, plain_scores), plain_nodes = _beam_search(model)
+
+    def transposed_products(nodes):
+        return sum(node.op == "MatMul" and node.attr["transpose_b"].b for node in nodes)
+
+    added = transposed_products(nodes) - transposed_products(plain_nodes)
+    assert added == 8 * model.config.num_layers
+    np.testing.assert_array_equal(ids, plain_ids)
+    np.testing.assert_allclose(scores, plain_scores, rtol=1e-5)
 
 
 # big: 213M parameters, 5 s to build.

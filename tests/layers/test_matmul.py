@@ -91,3 +91,39 @@ def test_custom_gradient_only_under_xla():
     tf.function(lambda: probe("graph"))()
     probe("eager")
     assert seen == {"xla": True, "graph": False, "eager": False}
+
+
+@pytest.mark.parametrize("contracted", [1, 2])
+def test_transposed_copy_is_the_kernel_as_a_transposed_matrix(contracted):
+    kernel = np.arange(4 * 5 * 6, dtype="float32").reshape((4, 5, 6))
+    input_size = 4 if contracted == 1 else 20
+    np.testing.assert_array_equal(_matmul.transposed_copy(kernel, contracted),
+                                  kernel.reshape(input_size, -1).T)
+
+
+@pytest.mark.parametrize("contracted", [1, 2])
+def test_dense_multiplying_a_transposed_copy_equals_dense(contracted):
+    """In a graph and eagerly, `x W^T` by the copy; under XLA, `x W` (the copy unused)."""
+    rng = np.random.default_rng(3)
+    x, kernel, _ = _weights(rng, (2, 3, 4, 5), (4, 5, 6)[2 - contracted:])
+    bias = rng.standard_normal(kernel.shape[contracted:]).astype("float32")
+    kernel = tf.constant(kernel)
+    expected = np.tensordot(x, kernel, axes=contracted) + bias
+    copies = {id(kernel): _matmul.transposed_copy(kernel, contracted)}
+
+    def run(x):
+        with _matmul.multiplying_transposed(copies):
+            return _matmul.dense(x, kernel, bias, contracted)
+
+    np.testing.assert_allclose(run(x), expected, rtol=1e-5, atol=1e-5)
+    for jit_compile, transposed_products in ((False, 1), (True, 0)):
+        function = tf.function(run, jit_compile=jit_compile)
+        np.testing.assert_allclose(function(x), expected, rtol=1e-5, atol=1e-5)
+        graph = function.get_concrete_function(tf.TensorSpec(x.shape)).graph
+        assert transposed_products == sum(
+            op.type == "MatMul" and op.get_attr("transpose_b") for op in graph.get_operations())
+    # Outside the context, the kernel as given.
+    graph = tf.function(lambda x: _matmul.dense(x, kernel, bias, contracted)).get_concrete_function(
+        tf.TensorSpec(x.shape)).graph
+    assert not any(op.type == "MatMul" and op.get_attr("transpose_b")
+                   for op in graph.get_operations())
