@@ -457,5 +457,7 @@ def _write_slots(slots, step, length, num_slots):
     holds = ops.equal(
         ops.expand_dims(slots, 1), ops.reshape(ops.arange(num_slots, dtype="int32"), (1, -1, 1))
     )  # (B * G, G, L)
-    holds = ops.reshape(holds, (-1, num_slots, num_slots * max_length))  # (B, G, G * L)
+    # B static where the slot table's rows are: a while loop's state keeps its shapes.
+    holds = ops.reshape(
+        holds, (rows // num_slots, num_slots, num_slots * max_length))  # (B, G, G * L)
     return slots, ops.repeat(holds, length, axis=1)  # (B, G * length, G * L)

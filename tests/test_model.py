@@ -143,6 +143,32 @@ def test_beam_search_with_transposed_kernels_equals_plain_kernels(model):
     np.testing.assert_allclose(scores, plain_scores, rtol=1e-5)
 
 
+def test_beam_search_of_one_source_with_a_length_known_at_run_time(model):
+    """A tf.function over one source of static shape and a length tensor: the
+    steps keep the batch of 1 static in the slot mask they write, as the
+    search's while loop requires of its state, and the search equals one with
+    the length known when traced."""
+    import tensorflow as tf
+
+    from keras_transformer import decoding
+
+    source = _ids(1, 7)
+
+    def search(source, length):
+        cache = model.initial_cache(source, length, beam_size=3)
+        return decoding.beam_search(
+            model.step_function(), tf.fill([1], 1), cache, vocab_size=VOCAB,
+            max_output_length=length, eos_id=2, beam_size=3, padding_id=0,
+            reorder_cache=model.reorder_cache)
+
+    at_run_time = tf.function(search, autograph=False, input_signature=[
+        tf.TensorSpec([1, 7], tf.int32), tf.TensorSpec([], tf.int32)])
+    ids, scores = at_run_time(source, tf.constant(6))
+    expected_ids, expected_scores = search(source, 6)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
+
+
 # big: 213M parameters, 5 s to build.
 @pytest.mark.parametrize("name", ["base", pytest.param("big", marks=pytest.mark.slow)])
 def test_parameter_count_matches_the_paper(name):
