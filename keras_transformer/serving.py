@@ -504,8 +504,7 @@ class Translator(tf.Module):
 
         def search(source_ids, output_limits, longest_output, alpha):
             batch_size = tf.shape(source_ids)[0]
-            # The encoder and the cross-attention projections run once per
-            # source, and the K hypotheses of a source share its cache.
+            # The encoder runs once per source; the K hypotheses of a source share its cache.
             cache = model.initial_cache(
                 source_ids, longest_output if self.use_cache else None, beam_size)
             # Once a search: the kernels in the layouts oneDNN multiplies faster.
