@@ -221,15 +221,18 @@ def profile_step(model, args, source_ids):
                                    beam_size=args.beam_size)
 
     cache = encode()
-    token_ids = tf.fill([rows], BOS_ID)
     step = tf.constant(steps // 2)
 
     # As the search does: the embedding transposed once, the layout the logits' matmul reads fastest.
     output_kernel = tf.transpose(model.embedding.embeddings)
 
+    # As the search's steps: the decoder's kernels transposed, here once for all calls.
+    step_fn = model.step_function(output_kernel=output_kernel, transposed_kernels=True)
+    ids = tf.fill([rows, steps + 1], BOS_ID)
+
     @tf.function(autograph=False)
     def decode_step(cache):
-        return model.decode_step(token_ids, cache, step, output_kernel)[0]
+        return step_fn(ids, step, cache)[0]
 
     # (rows, d): the search's logits are a 2-D MatMul (Keras folds (B, 1, d) into it);
     # a (B, 1, d) BatchMatMul would time oneDNN's batched kernel, 5x slower here.
