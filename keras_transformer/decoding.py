@@ -18,7 +18,9 @@ Both searches drive a step function, never a model:
   cache reads only `ids[:, step]`; a model without one may read
   `ids[:, :step + 1]`.
 - `cache`: a nested structure (dict, tuple, ...) of tensors, returned with
-  the same structure and shapes. By default every entry's leading dimension is
+  the same structure and static shapes; outside XLA, a dimension whose static
+  size is unknown may change from step to step (`Transformer` grows its
+  self-attention cache so). By default every entry's leading dimension is
   `N`: the caller hands in caches with leading dimension `batch`, and beam
   search tiles every entry to `batch * beam_size` and, after every step,
   reorders it with `tf.gather` along the parent beams that survived. Given

@@ -32,7 +32,7 @@ class Transformer(MultiWorkerModel):
     decoder pass, which the functional graph, step-by-step decoding and the
     attention heat maps all run; `initial_cache` runs the encoder once per source
     and every decoder layer's cross-attention projections once; `decode_step`
-    decodes one position with the fixed-size self-attention cache; and
+    decodes one position with the self-attention cache; and
     `step_function` is what `decoding.beam_search` searches over.
 
     Args:
@@ -170,6 +170,7 @@ class Transformer(MultiWorkerModel):
             options["decoder_padding_mask"] = ops.not_equal(decoder_inputs, PAD_ID)  # (B, T)
         else:
             options["self_attention_cache_update_index"] = step
+            memory = _reserve_positions(memory, step + ops.shape(decoder_inputs)[1])
             slots = memory.get("self_attention_slots")
             if slots is not None:
                 num_slots = memory["self_attention"][0][0].shape[2]
@@ -231,9 +232,13 @@ class Transformer(MultiWorkerModel):
             `(keys (B, h, S, d_k), values (B, h, S, d_v))`;
             `"encoder_padding_mask"`, boolean `(B, S)`; and unless
             `max_output_length` is None, `"self_attention"`, a list of zero
-            `(keys (B, h, K, L, d_k), values (B, h, K, L, d_v))` with
-            `L = max_output_length`, and with K > 1, `"self_attention_slots"`,
-            int32 `(B * K, L)`.
+            `(keys (B, h, K, L, d_k), values (B, h, K, L, d_v))`, and with
+            K > 1, `"self_attention_slots"`, int32 `(B * K, L)`. Eagerly and
+            under XLA, `L = max_output_length`. In a TensorFlow graph outside
+            XLA, L is at most 16 at first, with an unknown static size, and
+            `decode_step` grows the cache by 16 positions when a step writes
+            past its end: a step reads every position the cache holds, and a
+            translation stops long before its limit (see `layers/_cache.py`).
         """
         encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
         padding_mask = ops.not_equal(encoder_inputs, PAD_ID)  # (B, S)
@@ -250,16 +255,17 @@ class Transformer(MultiWorkerModel):
         config = self.config
         dtype = self._policy.compute_dtype
 
+        length = _cache.initial_length(max_output_length)
+
         def zeros(head_dim):  # each cache in a buffer of its own, which a search may overwrite
             return _cache.zeros(
-                (batch_size, config.num_heads, beam_size, max_output_length, head_dim), dtype)
+                (batch_size, config.num_heads, beam_size, length, head_dim), dtype)
 
         cache["self_attention"] = [
             (zeros(config.d_k), zeros(config.d_v)) for _ in self.decoder_layers
         ]
         if beam_size > 1:
-            cache["self_attention_slots"] = ops.zeros(
-                (batch_size * beam_size, max_output_length), "int32")
+            cache["self_attention_slots"] = ops.zeros((batch_size * beam_size, length), "int32")
         return cache
 
     @staticmethod
@@ -313,7 +319,9 @@ class Transformer(MultiWorkerModel):
 
         Returns:
             `(logits, cache)`: float32 `(N, vocab_size)` logits of the next
-            token, and the cache with position `step` written.
+            token, and the cache with position `step` written (grown first if
+            it has no room for it and its length's static size is unknown, see
+            `initial_cache`).
         """
         token_ids = ops.expand_dims(ops.convert_to_tensor(token_ids, "int32"), 1)  # (B, 1)
         logits, cache = self.decode(token_ids, cache, step=step, training=False,
@@ -440,6 +448,23 @@ class Transformer(MultiWorkerModel):
 def build_transformer(config):
     """Builds the functional Transformer for a `TransformerConfig`."""
     return Transformer(config)
+
+
+def _reserve_positions(memory, end):
+    """`memory` with self-attention caches (and slot table) that hold positions
+    `0 .. end - 1`: grown if their length is not fixed (see `initial_cache`)."""
+    caches = [tensor for pair in memory["self_attention"] for tensor in pair]
+    axes = [3] * len(caches)  # (B, h, G, L, d)
+    if "self_attention_slots" in memory:
+        caches.append(memory["self_attention_slots"])
+        axes.append(1)  # (B * G, L)
+    caches = _cache.reserve(caches, axes, end)
+    layers = len(memory["self_attention"])
+    grown = dict(memory, self_attention=[
+        (caches[2 * index], caches[2 * index + 1]) for index in range(layers)])
+    if "self_attention_slots" in memory:
+        grown["self_attention_slots"] = caches[-1]
+    return grown
 
 
 def _write_slots(slots, step, length, num_slots):

@@ -169,6 +169,61 @@ def test_beam_search_of_one_source_with_a_length_known_at_run_time(model):
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
 
 
+def test_graph_decoding_grows_the_cache_as_the_steps_need(model):
+    """In a graph outside XLA the self-attention cache holds 16 positions at
+    first and grows by 16 when a step writes past its end; eagerly and under XLA it
+    holds all of them from the start."""
+    import tensorflow as tf
+
+    source, tokens = _ids(2, 7), tf.ones([6], tf.int32)
+
+    def lengths(source):
+        cache = model.initial_cache(source, 40, beam_size=3)
+        result = []
+        for step in (None, 0, 15, 16, 33, 39):
+            if step is not None:
+                _, cache = model.decode_step(tokens, cache, tf.constant(step))
+            result.append([tf.shape(key)[3] for key, _ in cache["self_attention"]]
+                          + [tf.shape(cache["self_attention_slots"])[1]])
+        return tf.convert_to_tensor(result)
+
+    expected = np.repeat([[16], [16], [16], [32], [48], [48]], model.config.num_layers + 1, 1)
+    np.testing.assert_array_equal(tf.function(lengths, autograph=False)(source), expected)
+    np.testing.assert_array_equal(lengths(source), np.full_like(expected, 40))
+    np.testing.assert_array_equal(
+        tf.function(lengths, autograph=False, jit_compile=True)(source), np.full_like(expected, 40))
+
+
+def test_beam_search_over_a_growing_cache_equals_one_over_every_position(model):
+    """A beam search in a graph, whose cache grows (see above), against the same
+    search over a cache of all 40 positions made eagerly: the same ids, and scores
+    within float32 rounding; the longest hypothesis needs the cache's third chunk."""
+    import tensorflow as tf
+
+    from keras_transformer import decoding
+
+    source = _ids(5, 7)
+    source[2, 3:] = 0
+    limits = tf.constant([40, 4, 36, 2, 33])
+
+    @tf.function(autograph=False)
+    def search(source, cache):
+        cache = model.initial_cache(source, 40, beam_size=3) if cache is None else cache
+        return decoding.beam_search(
+            model.step_function(write_cache_in_place=True), tf.fill([5], 1), cache,
+            vocab_size=VOCAB, max_output_length=40, eos_id=2, beam_size=3, alpha=2.0,
+            max_output_lengths=limits, padding_id=0,
+            reorder_cache=model.reorder_cache, select_examples=model.select_examples)
+
+    ids, scores = search(source, None)
+    every_position = model.initial_cache(source, 40, beam_size=3)
+    expected_ids, expected_scores = search(source, every_position)
+    assert every_position["self_attention"][0][0].shape[3] == 40
+    assert np.max(np.sum(np.asarray(ids) != 0, axis=-1)) > 32
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
+
+
 # big: 213M parameters, 5 s to build.
 @pytest.mark.parametrize("name", ["base", pytest.param("big", marks=pytest.mark.slow)])
 def test_parameter_count_matches_the_paper(name):

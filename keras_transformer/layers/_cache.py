@@ -1,7 +1,8 @@
-"""The self-attention cache's buffers, and its writes in place inside a search.
+"""The self-attention cache's buffers, its growth and its writes in place inside a
+search.
 
-Each decoding step writes the new positions' keys and values into the fixed-size
-cache `(B, h, G, L, d)`. `ops.slice_update` returns a new tensor, and outside XLA
+Each decoding step writes the new positions' keys and values into the cache
+`(B, h, G, L, d)`. `ops.slice_update` returns a new tensor, and outside XLA
 TensorFlow copies the whole cache for it, every layer and every step, through an XLA
 kernel compiled on demand for each new shape: for the base model with 32 sources,
 beam 4 and 48 positions, 12 copies of 12.6 MB, 15 to 20 ms of a 140 ms step on a
@@ -15,8 +16,18 @@ Keras backends).
 Overwriting is safe only for buffers nothing else holds: `zeros` gives each cache
 its own, from TensorFlow's stateful `Empty` op, which graph optimizations neither
 merge with another (every layer's keys and values would share one buffer) nor fold
-into a constant (every call would share it). TensorFlow's private modules are
-imported inside the function that uses them.
+into a constant (every call would share it).
+
+A step's attention reads every position the cache holds, written or not, so in a
+graph outside XLA the cache holds only the positions decoded so far, rounded up to
+`GROWTH`: it starts at `initial_length` (a length axis of unknown static size, which
+a `tf.while_loop` lets change) and `reserve` pads it, into a new buffer of its own,
+when a step writes past its end. A translation stops long before its limit of
+source length + 50: a base-model search of 30 steps over 24-token sources, beam 4,
+whose cache would hold 74 positions, takes 0.73x the time with 32 sources, 0.78x
+with 8 and 0.9x with one (2-core AVX2 CPU). Eagerly and under XLA (fixed shapes)
+the cache holds every position from the start. TensorFlow's private modules are
+imported inside the functions that use them.
 """
 
 import contextlib
@@ -26,6 +37,9 @@ import keras
 from keras import ops
 
 _state = threading.local()
+
+# Positions the cache grows by (see above).
+GROWTH = 16
 
 
 @contextlib.contextmanager
@@ -46,6 +60,38 @@ def zeros(shape, dtype):
     import tensorflow as tf
 
     return tf.raw_ops.Empty(shape=tf.stack(shape), dtype=dtype, init=True)
+
+
+def initial_length(max_length):
+    """The positions a new cache holds for a search of `max_length` (see above)."""
+    if not _in_graph_outside_xla():
+        return max_length
+    import tensorflow as tf
+
+    length = tf.minimum(tf.cast(max_length, tf.int32), GROWTH)
+    # Its value statically unknown, so that the cache's length axis is too.
+    return tf.compat.v1.placeholder_with_default(length, [])
+
+
+def reserve(tensors, axes, end):
+    """`tensors`, each padded with zeros along its axis in `axes` to hold
+    positions `0 .. end - 1` (rounded up to `GROWTH`) if it holds fewer; they all
+    hold as many. Only tensors whose axis has an unknown static size grow (see
+    above); the others are returned as they are."""
+    length = tensors[0].shape[axes[0]]
+    if length is not None:
+        return list(tensors)
+    import tensorflow as tf
+
+    length = tf.shape(tensors[0])[axes[0]]
+    end = tf.cast(end, tf.int32)
+
+    def grow():
+        extra = (end + GROWTH - 1) // GROWTH * GROWTH - length
+        return [tf.pad(tensor, [[0, extra if axis == i else 0] for i in range(tensor.shape.rank)])
+                for tensor, axis in zip(tensors, axes)]
+
+    return tf.cond(end > length, grow, lambda: list(tensors))
 
 
 def write(cache, updates, index):
