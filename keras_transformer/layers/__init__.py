@@ -1,8 +1,8 @@
 """Keras layers of the Transformer; never imports the model or data. Keras only, but
 for _matmul.py, the matrix multiply behind `Projection` (its kernel gradient under XLA
 on a CPU, and its transposed kernels in a search, are TensorFlow's), and _cache.py,
-the self-attention cache's buffers, which a search's steps overwrite in place in a
-TensorFlow graph."""
+the self-attention cache's buffers, which a search's steps grow and overwrite in
+place in a TensorFlow graph."""
 
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.decoder_layer import TransformerDecoderLayer
