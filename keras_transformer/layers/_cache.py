@@ -76,10 +76,10 @@ def initial_length(max_length):
 def reserve(tensors, axes, end):
     """`tensors`, each padded with zeros along its axis in `axes` to hold
     positions `0 .. end - 1` (rounded up to `GROWTH`) if it holds fewer; they all
-    hold as many. Only tensors whose axis has an unknown static size grow (see
-    above); the others are returned as they are."""
-    length = tensors[0].shape[axes[0]]
-    if length is not None:
+    hold as many. Only tensors whose axis has an unknown static size grow, and
+    only in a graph outside XLA (see above); the others are returned as they
+    are."""
+    if tensors[0].shape[axes[0]] is not None or not _in_graph_outside_xla():
         return list(tensors)
     import tensorflow as tf
 
