@@ -53,6 +53,7 @@ import tensorflow as tf  # noqa: E402
 from keras_transformer import TransformerConfig  # noqa: E402
 from keras_transformer import build_transformer  # noqa: E402
 from keras_transformer import beam_candidates  # noqa: E402
+from keras_transformer import hardware  # noqa: E402
 from keras_transformer import saved_model  # noqa: E402
 from keras_transformer import serving  # noqa: E402
 from keras_transformer.data import BOS_ID  # noqa: E402
@@ -227,7 +228,8 @@ def profile_step(model, args, source_ids):
     output_kernel = tf.transpose(model.embedding.embeddings)
 
     # As the search's steps: the decoder's kernels transposed, here once for all calls.
-    step_fn = model.step_function(output_kernel=output_kernel, transposed_kernels=True)
+    step_fn = model.step_function(output_kernel=output_kernel,
+                                  transposed_kernels=hardware.decoding_transposed_kernels())
     ids = tf.fill([rows, steps + 1], BOS_ID)
 
     @tf.function(autograph=False)

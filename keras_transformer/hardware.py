@@ -14,9 +14,12 @@ What `auto` picks, and why (figures from README, "Training on a GPU"):
 
 For decoding (`export --jit-compile auto`, `decoding_jit_compile`): XLA where a GPU
 is visible (14x the speed of the export without it on an H100), not on a CPU
-(0.8x on our 2-core AMD EPYC: XLA:CPU's matrix multiplies are slower).
+(0.8x on our 2-core AMD EPYC: XLA:CPU's matrix multiplies are slower). Without XLA,
+the search multiplies by transposed kernels on CPUs without AVX-512 only
+(`decoding_transposed_kernels`; figures in `layers/_matmul.py`).
 
-Imports TensorFlow only in `detect` and `decoding_jit_compile`.
+Imports TensorFlow only in `detect`, `decoding_jit_compile` and
+`decoding_transposed_kernels`.
 """
 
 import dataclasses
@@ -148,3 +151,17 @@ def decoding_jit_compile(setting):
 
         return bool(tf.config.list_physical_devices("GPU"))
     return setting == "on"
+
+
+def decoding_transposed_kernels(flags=None):
+    """Whether a search's steps multiply by kernels stored transposed, `x W^T`
+    (`Transformer.step_function(transposed_kernels=True)`): on a CPU without
+    AVX-512, where oneDNN runs that layout up to 1.8x faster, and not with
+    AVX-512 (1.4x to 3.7x slower in float32) or on a GPU. `flags`: `cpu_flags()`
+    of the machine that traces the search, by default this one."""
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        return False
+    flags = cpu_flags() if flags is None else flags
+    return bool(flags.get("avx2")) and not flags.get("avx512f")

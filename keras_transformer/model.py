@@ -349,11 +349,15 @@ class Transformer(MultiWorkerModel):
         every step (base model, 32 sources, beam 4: 15 to 20 ms of a 140 ms step
         on a 2-core CPU).
 
-        With `transposed_kernels`, the decoder's projections multiply by copies
-        of their kernels transposed when `step_function` is called, once per
-        search (see `layers/_matmul.py`; outside XLA). Only for weights that do
-        not change during the search. A base-model search with 32 sources, beam
-        4, then takes 0.88x the time on a 2-core AVX2 CPU; one source, the same.
+        The step is for searches only: no gradients flow through it, and the
+        attention's transposes run on TensorFlow's integer kernel in a graph
+        outside XLA (see `layers/_matmul.py`). With `transposed_kernels`, the
+        decoder's projections multiply by copies of their kernels transposed
+        when `step_function` is called, once per search (outside XLA). Only for
+        weights that do not change during the search, and only on CPUs where
+        it pays (`hardware.decoding_transposed_kernels`): a base-model search
+        with 32 sources, beam 4, then takes 0.88x the time on a 2-core AVX2 CPU,
+        but 1.2x in float32 on a 2-core AVX-512 one.
 
         A beam search over a cache with one entry per source passes
         `reorder_cache=model.reorder_cache`:
@@ -375,11 +379,11 @@ class Transformer(MultiWorkerModel):
             writes = _cache.writes_in_place if write_cache_in_place else contextlib.nullcontext
 
             def step_fn(ids, step, cache):
-                with writes(), _matmul.multiplying_transposed(copies):
+                with writes(), _matmul.searching(copies):
                     return self.decode_step(ids[:, step], cache, step, output_kernel)
         else:
             def step_fn(ids, step, cache):
-                with _matmul.multiplying_transposed(copies):
+                with _matmul.searching(copies):
                     logits = self.decode(ids[:, : step + 1], cache, training=False,
                                          output_kernel=output_kernel)
                 return logits[:, -1], cache  # (N, V)

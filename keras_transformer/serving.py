@@ -42,31 +42,24 @@ Request limits (`export --max-batch-size --max-input-chars`, recorded in
 or with a sentence of more than `max_input_chars` characters, is refused with
 an `InvalidArgument` error naming the limit, before any tokenization or search.
 
-Bad input is answered, not crashed on:
-- runs of whitespace (tabs, newlines, Unicode spaces) become one space and the
-  ends are stripped, as in the training text;
-- an empty or whitespace-only string has no tokens: its translation is "" with
-  score 0.0;
-- text that is not valid UTF-8 has its invalid bytes replaced by U+FFFD;
-- a source longer than `max_input_length` tokens (default: the model's
-  `max_positions`) is truncated to its first `max_input_length` tokens;
-- an empty batch gives empty outputs;
-- a `beam_size` outside the traced set, a negative `extra_length`, a
-  non-finite `alpha` or ids outside the vocabulary give an `InvalidArgument`
-  error that says what was received.
+Bad input is answered, not crashed on: runs of whitespace (tabs, newlines,
+Unicode spaces) become one space, ends stripped, as in the training text; an
+empty or whitespace-only string translates to "" with score 0.0; invalid UTF-8
+bytes become U+FFFD; a source longer than `max_input_length` tokens (default: the
+model's `max_positions`) is truncated to them; an empty batch gives empty
+outputs; a `beam_size` outside the traced set, a negative `extra_length`, a
+non-finite `alpha` or ids outside the vocabulary give an `InvalidArgument` error
+that says what was received.
 
-Without tensorflow-text (which stock TF Serving links in): `Translator(model,
-None)` (`export --ids-only`) exports `translate_ids` alone (and
-`serving_default` taking `ids`), which loads with tensorflow only.
-
-Output length: at most `source tokens + extra_length` generated tokens (end of
-sequence included), never more than `max_output_length` (learned positions:
-the model's `max_positions`; sinusoids: `max_input_length + extra_length`).
+Without tensorflow-text (which stock TF Serving links in), `Translator(model,
+None)` (`export --ids-only`) exports `translate_ids` alone. Outputs hold at most
+`source tokens + extra_length` tokens (EOS included) and `max_output_length`.
 """
 
 import tensorflow as tf
 
 from keras_transformer import decoding
+from keras_transformer import hardware
 from keras_transformer import runs
 from keras_transformer import serving_shapes
 from keras_transformer.token_ids import BOS_ID
@@ -123,7 +116,15 @@ class Translator(tf.Module):
         ignore_eos: the end-of-sequence token does not end a hypothesis, so
             every search runs to its length limit (benchmarks with random
             weights).
+        transposed_kernels: whether searches multiply by transposed copies of
+            the decoder's kernels (`Transformer.step_function`); None: where
+            that pays on the CPU that traces them
+            (`hardware.decoding_transposed_kernels`).
         name: module name.
+
+    The output projection multiplies by a copy of the embedding transposed to
+    `(d_model, V)` when the translator is built, in the model's compute dtype
+    (saved with an export): build a new translator after the weights change.
 
     Example:
     ```python
@@ -151,6 +152,7 @@ class Translator(tf.Module):
         jit_compile=False,
         use_cache=True,
         ignore_eos=False,
+        transposed_kernels=None,
         name=None,
     ):
         super().__init__(name=name)
@@ -192,11 +194,9 @@ class Translator(tf.Module):
                 "every step, which XLA cannot compile; use jit_compile=False with it"
             )
 
-        # Keras variables wrap tf.Variables. Saved through the model, each
-        # would get two handles in the SavedModel's TF1 graph, one of which is
-        # never restored, and TF Serving (which loads that graph) fails on it.
-        # So the module tracks the tf.Variables themselves, and the model is
-        # kept out of the object graph.
+        # Keras variables wrap tf.Variables. Saved through the model, each would
+        # get two handles in the SavedModel's TF1 graph, one never restored, on
+        # which TF Serving fails: the module tracks the tf.Variables, not the model.
         object.__setattr__(self, "model", model)
         self.model_variables = [variable.value for variable in model.variables]
         self.tokenizer = tokenizer
@@ -215,6 +215,13 @@ class Translator(tf.Module):
                                if jit_compile else ())
         self.use_cache = bool(use_cache)
         self.ignore_eos = bool(ignore_eos)
+        if transposed_kernels is None:
+            transposed_kernels = hardware.decoding_transposed_kernels()
+        self.transposed_kernels = bool(transposed_kernels)
+        # In the layout the logits' product reads fastest; made per search, 43 ms
+        # (base model, bfloat16): a tenth of a one-sentence request.
+        self.output_kernel = tf.Variable(tf.cast(tf.transpose(model.embedding.embeddings),
+                                                 model.embedding.compute_dtype), trainable=False)
         self._searches = [self._search_function(k) for k in beam_sizes]
 
         # No autograph: the loops are explicit tf.while_loops, and converting
@@ -275,6 +282,7 @@ class Translator(tf.Module):
             "padded_source_lengths": list(self.source_lengths),
             "use_cache": self.use_cache,
             "ignore_eos": self.ignore_eos,
+            "transposed_kernels": self.transposed_kernels,
             "ids_only": self.ids_only,
         }
 
@@ -507,11 +515,9 @@ class Translator(tf.Module):
             # The encoder runs once per source; the K hypotheses of a source share its cache.
             cache = model.initial_cache(
                 source_ids, longest_output if self.use_cache else None, beam_size)
-            # Once a search: the kernels in the layouts oneDNN multiplies faster.
-            output_kernel = tf.transpose(model.embedding.embeddings)  # (d, V)
             return decoding.beam_search(
-                model.step_function(self.use_cache, output_kernel, write_cache_in_place=True,
-                                    transposed_kernels=True),
+                model.step_function(self.use_cache, self.output_kernel, write_cache_in_place=True,
+                                    transposed_kernels=self.transposed_kernels),
                 tf.fill([batch_size], BOS_ID),
                 cache,
                 vocab_size=vocab_size,

@@ -329,7 +329,6 @@ class BleuEvaluation(keras.callbacks.Callback):
         self.tokenizer = tokenizer
         self.pairs = list(pairs)
         self.every_epochs = every_epochs
-        self._translator = None
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None or (epoch + 1) % self.every_epochs:
@@ -338,9 +337,9 @@ class BleuEvaluation(keras.callbacks.Callback):
         from keras_transformer import evaluation
         from keras_transformer import serving
 
-        if self._translator is None:
-            self._translator = serving.Translator(self.model, self.tokenizer)
-        logs["bleu"] = float(evaluation.evaluate(self._translator, self.pairs)["bleu"])
+        # A new translator each time: it copies the weights it multiplies by.
+        translator = serving.Translator(self.model, self.tokenizer)
+        logs["bleu"] = float(evaluation.evaluate(translator, self.pairs)["bleu"])
 
 
 def run_callbacks(run_dir, config, clock, chief=True, tokenizer=None, dev_pairs=None):

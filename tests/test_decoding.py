@@ -485,6 +485,23 @@ class TestBestExtensions:
             np.testing.assert_array_equal(indices, expected)
             np.testing.assert_allclose(values, np.take_along_axis(table, expected, 1), rtol=1e-6)
 
+    def test_log_normalizers_equal_logsumexp_where_other_probabilities_underflow(self):
+        """log Z from the largest logit's softmax probability, against float64."""
+        rng = np.random.default_rng(7)
+        vocab, block = 1000, 125
+        logits = rng.normal(0, 3, size=(6, vocab))
+        logits[1] = 0.0  # all equal: Z = V
+        logits[2, 5] = 80.0  # every other probability underflows float32's softmax
+        logits[3, -1] = 80.0  # the largest in the last block, at its last entry
+        logits[4, ::2] = -np.inf  # tokens ruled out
+        logits[5] *= 30  # a wide range
+        expected = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+        logits = tf.constant(logits, tf.float32)
+        blocks = tf.reshape(logits, [6, vocab // block, block])
+        log_z = beam_candidates._log_normalizers(logits, blocks, tf.reduce_max(blocks, -1))
+        np.testing.assert_allclose(log_z, expected, rtol=0, atol=2e-5)
+        np.testing.assert_allclose(log_z[1], np.log(vocab), rtol=1e-6)
+
     def test_block_size_divides_the_vocabulary_into_enough_blocks(self):
         assert beam_candidates.block_size(37000, 8) == 125
         assert beam_candidates.block_size(32000, 8) == 128

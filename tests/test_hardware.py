@@ -72,3 +72,14 @@ def test_jit_compile_flag_and_older_runs():
     with pytest.raises(ValueError, match="precision must be auto, float32"):
         TrainingConfig(precision="bf16")
     assert dataclasses.replace(TrainingConfig(), jit_compile="on").jit_compile == "on"
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ({"avx2": True, "avx512f": False}, True),  # oneDNN multiplies x W^T faster there
+    ({"avx2": True, "avx512f": True}, False),  # and x W with AVX-512
+    ({}, False),  # other CPUs: the kernels as Keras keeps them
+])
+def test_transposed_kernels_for_decoding_only_without_avx512(flags, expected):
+    assert hardware.decoding_transposed_kernels(flags) is expected
+    here = hardware.cpu_flags()
+    assert hardware.decoding_transposed_kernels() is (here["avx2"] and not here["avx512f"])

@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import decoding
+from keras_transformer import hardware
 from keras_transformer import serving
 from keras_transformer.data import BOS_ID, EOS_ID
 from tests.translation_fixtures import SENTENCES
@@ -107,6 +108,21 @@ def test_uncached_translator_equals_cached(tokenizer, norm_first):
     uncached = serving.Translator(model, None, use_cache=False, **options).translate_ids(source)
     np.testing.assert_array_equal(cached["ids"], uncached["ids"])
     np.testing.assert_allclose(cached["score"], uncached["score"], atol=1e-5)
+
+
+def test_kernel_layouts_translate_alike(model, tokenizer):
+    """Transposed kernels or Keras's (the CPU's choice by default, in the settings)."""
+    options = dict(extra_length=EXTRA_LENGTH, max_input_length=MAX_INPUT_LENGTH, beam_sizes=(4,))
+    source = tokenizer.tokenize(tf.constant(SENTENCES)).to_tensor()
+    outputs = {}
+    for layout in (True, False):
+        translator = serving.Translator(model, None, transposed_kernels=layout, **options)
+        assert translator.settings()["transposed_kernels"] is layout
+        outputs[layout] = translator.translate_ids(source)
+    np.testing.assert_array_equal(outputs[True]["ids"], outputs[False]["ids"])
+    np.testing.assert_allclose(outputs[True]["score"], outputs[False]["score"], atol=1e-5)
+    default = serving.Translator(model, None, **options).settings()["transposed_kernels"]
+    assert default is hardware.decoding_transposed_kernels()
 
 
 # The signatures -----------------------------------------------------------------

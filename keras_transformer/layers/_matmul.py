@@ -1,5 +1,5 @@
 """Dense projections: kernel gradients XLA:CPU runs as plain matrix products, and
-kernels stored transposed for inference.
+kernels stored transposed for inference; a search's transposes.
 
 The kernel gradient of `y = x W` is `x^T dy`, a product with a transposed left
 operand. XLA folds that transpose into the dot, and XLA:CPU's matrix multiply runs
@@ -14,13 +14,23 @@ and `Projection` (projection.py) is this one's caller. TensorFlow's private modu
 are imported inside the functions that use them, so that importing the layers never
 depends on them.
 
-Inference may also multiply by kernels stored transposed, `(units, contracted)`,
-the layout of PyTorch's and CTranslate2's linear layers: `x W^T`. oneDNN's matrix
-multiply runs it 1.1x to 1.8x faster than `x W` once the product has 32 rows or more
-(2-core AVX2 CPU, `(128, 512) x (512, 2048)`: 2.0 against 3.6 ms), and no slower
-below. `transposed_copy` makes such a copy; inside `multiplying_transposed(copies)`,
-`dense` multiplies by the copy of its kernel if it has one, except under XLA, which
-picks its own layouts.
+A search's steps (`searching(copies)`: weights fixed, no gradients) run two
+inference-only variants. First, `dense` may multiply by kernels stored transposed,
+`(units, contracted)`, the layout of PyTorch's and CTranslate2's linear layers:
+`x W^T`. Which layout oneDNN multiplies faster depends on the CPU: without AVX-512
+(2-core AVX2 AMD EPYC), `x W^T` ran 1.1x to 1.8x faster than `x W` once the product
+had 32 rows or more (`(128, 512) x (512, 2048)`: 2.0 against 3.6 ms) and no slower
+below; with AVX-512 (2-core AMD EPYC, Zen 5), `x W` ran 1.4x to 3.7x faster in
+float32 at 32 rows and more (`(128, 512) x (512, 2048)`: 0.59 against 0.87 ms; at
+32 rows 0.21 against 0.54 ms) and as fast in bfloat16. `transposed_copy` makes
+such a copy, and `dense` multiplies by the copy of its kernel where `copies` has
+one (not under XLA, which picks its own layouts); `hardware.decoding_transposed_kernels`
+says where the copies pay. Second, `transpose` moves 16- and 32-bit floats as integers of
+their width, which TensorFlow's own kernel transposes, where oneDNN's (which takes
+every float transpose when it is on) costs 20 to 35 us for a step's heads against
+2 to 5 us (`(32, 4, 8, 64)` bfloat16 and `(1, 4, 8, 64)`, 2-core AVX-512 CPU); for
+tensors of training's sizes the two are about even. Integer transposes have no
+gradient, hence only inside `searching`.
 """
 
 import contextlib
@@ -51,7 +61,7 @@ def dense(inputs, kernel, bias=None, contracted=1):
     output_size = math.prod(output_shape)
     batch_shape = ops.shape(inputs)[: len(inputs.shape) - contracted]
     x = ops.reshape(inputs, (-1, input_size))
-    transposed = getattr(_state, "copies", {}).get(id(kernel))
+    transposed = getattr(_state, "copies", {}).get(id(kernel))  # only inside `searching`
     if transposed is not None and not _under_xla():
         outputs = tf.matmul(x, ops.cast(transposed, x.dtype), transpose_b=True)
     else:
@@ -68,16 +78,31 @@ def transposed_copy(kernel, contracted=1):
     return tf.transpose(tf.reshape(tf.convert_to_tensor(kernel), (input_size, -1)))
 
 
+def transpose(x, perm):
+    """`ops.transpose(x, perm)`; inside `searching`, in a TensorFlow graph outside
+    XLA, by TensorFlow's integer kernel (see above)."""
+    integer = _SAME_WIDTH_INTEGER.get(keras.backend.standardize_dtype(x.dtype))
+    if not (getattr(_state, "searching", False) and integer and tf.inside_function()
+            and not _under_xla()):
+        return ops.transpose(x, perm)
+    return tf.bitcast(tf.transpose(tf.bitcast(x, integer), perm), x.dtype)
+
+
+_SAME_WIDTH_INTEGER = {"float32": tf.int32, "bfloat16": tf.int16, "float16": tf.int16}
+
+
 @contextlib.contextmanager
-def multiplying_transposed(copies):
-    """Within it, `dense` multiplies by `copies[id(kernel)]`, a `transposed_copy` of
-    its kernel, where there is one (not under XLA)."""
-    previous = getattr(_state, "copies", {})
-    _state.copies = {**previous, **copies}
+def searching(copies=None):
+    """Within it, the steps of a search (fixed weights, no gradients): `dense`
+    multiplies by `copies[id(kernel)]`, a `transposed_copy` of its kernel, where
+    there is one (not under XLA), and `transpose` moves integers (see above)."""
+    previous = getattr(_state, "copies", {}), getattr(_state, "searching", False)
+    _state.copies = {**previous[0], **(copies or {})}
+    _state.searching = True
     try:
         yield
     finally:
-        _state.copies = previous
+        _state.copies, _state.searching = previous
 
 
 def _under_xla():

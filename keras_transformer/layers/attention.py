@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers import _cache
+from keras_transformer.layers import _matmul
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.dropout import check_rate
 from keras_transformer.layers.projection import Projection
@@ -202,7 +203,7 @@ class MultiHeadAttention(keras.layers.Layer):
             ops.reshape(query_states, (batch, -1, self.num_heads, self.key_dim)))
         outputs, weights = self._attend(grouped_query, key_states, value_states, mask, training)
         outputs = ops.reshape(
-            ops.transpose(outputs, (0, 2, 1, 3)), (-1, query_length, self.num_heads, self.value_dim)
+            _matmul.transpose(outputs, (0, 2, 1, 3)), (-1, query_length, self.num_heads, self.value_dim)
         )  # (N, T, h, d_v)
         outputs = self._output_dense(outputs)  # (N, T, d_model)
 
@@ -268,14 +269,14 @@ class MultiHeadAttention(keras.layers.Layer):
 
 def _heads_first(states):
     """`(B, T, h, d)` -> `(B, h, T, d)`."""
-    return ops.transpose(states, (0, 2, 1, 3))
+    return _matmul.transpose(states, (0, 2, 1, 3))
 
 
 def _into_slots(states, slots):
     """New keys or values `(N, h, T, d)` of `N = B * G` rows -> `(B, h, G, T, d)`."""
     _, heads, length, depth = ops.shape(states)
     grouped = ops.reshape(states, (-1, slots, heads, length, depth))
-    return ops.transpose(grouped, (0, 2, 1, 3, 4))
+    return _matmul.transpose(grouped, (0, 2, 1, 3, 4))
 
 
 def _merge_slots(cache):

@@ -112,7 +112,7 @@ def test_dense_multiplying_a_transposed_copy_equals_dense(contracted):
     copies = {id(kernel): _matmul.transposed_copy(kernel, contracted)}
 
     def run(x):
-        with _matmul.multiplying_transposed(copies):
+        with _matmul.searching(copies):
             return _matmul.dense(x, kernel, bias, contracted)
 
     np.testing.assert_allclose(run(x), expected, rtol=1e-5, atol=1e-5)
@@ -127,3 +127,30 @@ def test_dense_multiplying_a_transposed_copy_equals_dense(contracted):
         tf.TensorSpec(x.shape)).graph
     assert not any(op.type == "MatMul" and op.get_attr("transpose_b")
                    for op in graph.get_operations())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_transpose_while_searching_moves_integers_in_a_graph(dtype):
+    """Inside `searching`, in a graph: `ops.transpose`'s result from a transpose
+    of integers of the same width (TensorFlow's kernel, not oneDNN's);
+    eagerly, under XLA and outside the context, `ops.transpose` itself."""
+    x = tf.cast(tf.reshape(tf.range(2 * 4 * 3 * 5, dtype=tf.float32), (2, 4, 3, 5)) / 7, dtype)
+    expected = np.transpose(x.numpy(), (0, 2, 1, 3))
+
+    def searching(x):
+        with _matmul.searching():
+            return _matmul.transpose(x, (0, 2, 1, 3))
+
+    def types(function):
+        graph = function.get_concrete_function(tf.TensorSpec(x.shape, x.dtype)).graph
+        return [(op.type, op.get_attr("T")) for op in graph.get_operations()
+                if op.type == "Transpose"]
+
+    integer = tf.int32 if dtype == "float32" else tf.int16
+    for function, transposed in (
+            (tf.function(searching), integer),
+            (tf.function(searching, jit_compile=True), tf.as_dtype(dtype)),
+            (tf.function(lambda x: _matmul.transpose(x, (0, 2, 1, 3))), tf.as_dtype(dtype))):
+        np.testing.assert_array_equal(function(x).numpy(), expected)
+        assert types(function) == [("Transpose", transposed)]
+    np.testing.assert_array_equal(searching(x).numpy(), expected)
