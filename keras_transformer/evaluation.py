@@ -208,12 +208,17 @@ def load_translator(export=None, run=None, weights="averaged", **translator_opti
 def _translate_function(translator_or_export):
     if isinstance(translator_or_export, (str, os.PathLike)):
         translator_or_export = load_export(translator_or_export)
-    translate = getattr(translator_or_export, "translate", None)
-    if translate is None:
+    if getattr(translator_or_export, "translate", None) is None:
         raise TypeError(
             "translate_sentences needs a Translator, a loaded export or an export "
             f"path. Received: {type(translator_or_export).__name__}"
         )
+
+    def translate(*args, **kwargs):
+        # Through the module: a loaded export's functions keep no reference to
+        # it, and its variables go with it.
+        return translator_or_export.translate(*args, **kwargs)
+
     return translate
 
 

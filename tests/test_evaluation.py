@@ -84,6 +84,18 @@ def test_translate_sentences_passes_decoding_settings(translator):
         evaluation.translate_sentences(translator, SENTENCES[:1], beam_size=3)
 
 
+def test_translate_sentences_from_an_export_path(translator, tmp_path):
+    """The path alone: the export it loads lives as long as the translation."""
+    from keras_transformer import saved_model
+
+    path = saved_model.export_translator(translator, str(tmp_path), warmup_texts=(),
+                                         check=False)
+    expected = evaluation.translate_sentences(translator, SENTENCES)
+    assert evaluation.translate_sentences(path, SENTENCES, batch_size=2) == expected
+    assert evaluation.evaluate(str(tmp_path), list(zip(SENTENCES, SENTENCES)))[
+        "hypotheses"] == expected
+
+
 def test_progress_bar_goes_to_stderr(translator, capsys):
     evaluation.translate_sentences(translator, SENTENCES, batch_size=2, progress=True)
     captured = capsys.readouterr()
