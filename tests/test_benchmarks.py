@@ -162,3 +162,28 @@ def test_input_pipeline_prints_json():
     assert 0 < report["padding_fraction"] < 1 and 0 <= report["filler_row_fraction"] < 1
     assert report["tokens_per_second"] > 0 and report["settings"]["epochs"] == 2
     assert "avx512_bf16" in report["machine"]
+
+
+@pytest.mark.slow
+def test_precision_quality_prints_json(tmp_path, tokenizer, model):
+    """A tiny random run, exported in float32 and bfloat16, on 6 test pairs."""
+    from tests.translation_fixtures import make_run_dir
+
+    run = make_run_dir(tmp_path / "run", tokenizer, model)
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "precision_quality.py"),
+               "--run", str(run), "--limit", "6"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900,
+                            env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["limit"] == 6 and "avx512_bf16" in report["machine"]
+    assert list(report["precisions"]) == ["float32", "bfloat16"]
+    reference = report["precisions"]["float32"]
+    assert reference["identical_to_float32"] == 1.0 and reference["bleu_minus_float32"] == 0
+    reduced = report["precisions"]["bfloat16"]
+    assert 0 <= reduced["identical_to_float32"] <= 1
+    assert reduced["bleu_minus_float32"] == pytest.approx(reduced["bleu"] - reference["bleu"],
+                                                          abs=0.011)
+    assert reduced["within_0.3_bleu"] == (abs(reduced["bleu_minus_float32"]) <= 0.3)
+    assert reduced["signature"].startswith("nrefs:1|case:mixed|")
+    assert "float32: BLEU" in result.stderr and "bfloat16: BLEU" in result.stderr

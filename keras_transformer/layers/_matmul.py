@@ -21,14 +21,14 @@ inference-only variants. First, `dense` may multiply by kernels stored transpose
 (2-core AVX2 AMD EPYC), `x W^T` ran 1.1x to 1.8x faster than `x W` once the product
 had 32 rows or more (`(128, 512) x (512, 2048)`: 2.0 against 3.6 ms) and no slower
 below; with AVX-512 (2-core AMD EPYC, Zen 5), `x W` ran 1.4x to 3.7x faster in
-float32 at 32 rows and more (`(128, 512) x (512, 2048)`: 0.59 against 0.87 ms; at
-32 rows 0.21 against 0.54 ms) and as fast in bfloat16. `transposed_copy` makes
-such a copy, and `dense` multiplies by the copy of its kernel where `copies` has
-one (not under XLA, which picks its own layouts); `hardware.decoding_transposed_kernels`
-says where the copies pay. Second, `transpose` moves 16- and 32-bit floats as integers of
+float32 at 32 rows and more (`(128, 512) x (512, 2048)`: 0.59 against 0.87 ms; at 32
+rows 0.21 against 0.54 ms) and as fast in bfloat16. `transposed_copy` makes such a
+copy, and `dense` multiplies by the copy of its kernel where `copies` has one (not
+under XLA, which picks its own layouts); `hardware.decoding_transposed_kernels` says
+where the copies pay. Second, `transpose` moves 16- and 32-bit floats as integers of
 their width, which TensorFlow's own kernel transposes, where oneDNN's (which takes
-every float transpose when it is on) costs 20 to 35 us for a step's heads against
-2 to 5 us (`(32, 4, 8, 64)` bfloat16 and `(1, 4, 8, 64)`, 2-core AVX-512 CPU); for
+every float transpose when it is on) costs 20 to 35 us for a step's heads against 2
+to 5 us (`(32, 4, 8, 64)` bfloat16 and `(1, 4, 8, 64)`, 2-core AVX-512 CPU); for
 tensors of training's sizes the two are about even. Integer transposes have no
 gradient, hence only inside `searching`.
 """

@@ -202,9 +202,8 @@ class MultiHeadAttention(keras.layers.Layer):
         grouped_query = _heads_first(
             ops.reshape(query_states, (batch, -1, self.num_heads, self.key_dim)))
         outputs, weights = self._attend(grouped_query, key_states, value_states, mask, training)
-        outputs = ops.reshape(
-            _matmul.transpose(outputs, (0, 2, 1, 3)), (-1, query_length, self.num_heads, self.value_dim)
-        )  # (N, T, h, d_v)
+        outputs = ops.reshape(_matmul.transpose(outputs, (0, 2, 1, 3)),
+                              (-1, query_length, self.num_heads, self.value_dim))  # (N, T, h, d_v)
         outputs = self._output_dense(outputs)  # (N, T, d_model)
 
         results = [outputs]
