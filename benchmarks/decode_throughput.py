@@ -42,9 +42,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-# As the decoding commands (keras_transformer.cli.common.start_decoding):
-# oneDNN's kernels on every x86 CPU, not only those TensorFlow picks.
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+# As the decoding commands (keras_transformer.cli.common.start_decoding): oneDNN's
+# kernels on every x86 CPU, weights reordered once (the module imports no TensorFlow).
+from keras_transformer.cli.common import DECODING_ENVIRONMENT  # noqa: E402
+
+for _name, _value in DECODING_ENVIRONMENT.items():
+    os.environ.setdefault(_name, _value)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -335,7 +338,7 @@ def main(argv=None):
             **cpu_flags(),
             "tensorflow": tf.__version__,
             "load_average_before": round(load_before, 2),
-            "tf_enable_onednn_opts": os.environ["TF_ENABLE_ONEDNN_OPTS"],
+            **{name.lower(): os.environ[name] for name in DECODING_ENVIRONMENT},
         },
     }
     result["machine"]["matmul_peak_flops"] = {path: round(peak) for path, peak in peaks.items()}

@@ -149,3 +149,18 @@ def test_python_dash_m_runs_the_command():
     assert result.stderr.strip().splitlines() == [
         "python -m keras_transformer export: the following arguments are required: --run "
         "(see --help)"]
+
+
+def test_decoding_commands_set_onednn_defaults_the_environment_overrides(monkeypatch):
+    """oneDNN on and weights reordered once, unless the environment says otherwise."""
+    from keras_transformer.cli import common
+
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    monkeypatch.setenv("TF_ONEDNN_ASSUME_FROZEN_WEIGHTS", "0")
+    monkeypatch.setattr(common, "quiet_libraries", lambda: None)
+    common.start_decoding(verbose=False)
+    assert os.environ["TF_ENABLE_ONEDNN_OPTS"] == "1"
+    assert os.environ["TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"] == "0"
+    monkeypatch.delenv("TF_ONEDNN_ASSUME_FROZEN_WEIGHTS")
+    common.start_decoding(verbose=False)
+    assert os.environ["TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"] == "1"

@@ -28,18 +28,35 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 def start_decoding(verbose):
     """What the decoding commands (translate, evaluate, export) do once their
     flags are checked, before TensorFlow starts: keep the libraries' log lines
-    off stderr (unless `verbose`), and turn TensorFlow's oneDNN kernels on.
+    off stderr (unless `verbose`), turn TensorFlow's oneDNN kernels on, and let
+    them keep the weights in their own layouts.
 
-    TensorFlow turns them on by itself only on CPUs with AVX-512 VNNI or BF16 or
-    with AMX. Elsewhere (AVX2) its own matrix multiply ran beam search's output
-    projection, (128, 512) x (512, 37000), 2.7x slower (115 against 42 ms on a
-    2-core AMD EPYC with AVX2), and a whole base-model search 1.79x slower (14.9
-    against 8.3 s, `benchmarks/decode_throughput.py`). TF_ENABLE_ONEDNN_OPTS=0
-    in the environment keeps them off.
+    TensorFlow turns oneDNN on by itself only on CPUs with AVX-512 VNNI or BF16
+    or with AMX. Elsewhere (AVX2) its own matrix multiply ran beam search's
+    output projection, (128, 512) x (512, 37000), 2.7x slower (115 against 42 ms
+    on a 2-core AMD EPYC with AVX2), and a whole base-model search 1.79x slower
+    (14.9 against 8.3 s, `benchmarks/decode_throughput.py`).
+
+    With TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1, oneDNN's matrix multiplies reorder a
+    weight into the layout their kernel reads once, not at every call: right
+    for a process whose weights never change, as a decoding command's (a
+    training process does not set it). A base-model search took 0.94x the time
+    in bfloat16 and 0.91x to 0.96x in float32 at 32 sources, 0.84x in bfloat16
+    at one; the quickstart's small model 0.91x to 0.95x in bfloat16, but 1.03x
+    and 1.14x in float32 at 32 and 8 (2-core AMD EPYC with AVX-512; alternating
+    processes).
+
+    Either variable set in the environment wins (e.g. TF_ENABLE_ONEDNN_OPTS=0).
     """
     if not verbose:
         quiet_libraries()
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+    for name, value in DECODING_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+
+
+# What `start_decoding` sets, unless the environment does: also for a model
+# server and the benchmarks.
+DECODING_ENVIRONMENT = {"TF_ENABLE_ONEDNN_OPTS": "1", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS": "1"}
 
 
 def use_compilation_cache(directory):
