@@ -40,14 +40,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-# As the decoding commands (keras_transformer.cli.common.start_decoding): oneDNN's
-# kernels on every x86 CPU, weights reordered once (the module imports no TensorFlow).
-from keras_transformer.cli.common import DECODING_ENVIRONMENT  # noqa: E402
+from machine import set_decoding_environment  # noqa: E402 (imports no TensorFlow)
 
-for _name, _value in DECODING_ENVIRONMENT.items():
-    os.environ.setdefault(_name, _value)
+DECODING_ENVIRONMENT = set_decoding_environment()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -338,7 +333,7 @@ def main(argv=None):
             **cpu_flags(),
             "tensorflow": tf.__version__,
             "load_average_before": round(load_before, 2),
-            **{name.lower(): os.environ[name] for name in DECODING_ENVIRONMENT},
+            **DECODING_ENVIRONMENT,
         },
     }
     result["machine"]["matmul_peak_flops"] = {path: round(peak) for path, peak in peaks.items()}

@@ -15,6 +15,20 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from keras_transformer.hardware import cpu_flags  # noqa: E402,F401
 
 
+def set_decoding_environment():
+    """Sets, unless the environment does, before TensorFlow starts, what the decoding
+    commands set (`keras_transformer.cli.common.start_decoding`: oneDNN's kernels on
+    every x86 CPU, weights reordered once) and quiet logs; returns those settings,
+    for the report."""
+    from keras_transformer.cli.common import DECODING_ENVIRONMENT
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    for name, value in DECODING_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    return {name.lower(): os.environ[name] for name in DECODING_ENVIRONMENT}
+
+
 def best_seconds(run, repeats):
     """The fastest of `repeats` timed calls of `run`, after one untimed call
     (tracing, compilation, first-touch allocations)."""

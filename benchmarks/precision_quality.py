@@ -22,14 +22,9 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-# As the decoding commands (keras_transformer.cli.common.start_decoding): oneDNN's
-# kernels on every x86 CPU, weights reordered once (the module imports no TensorFlow).
-from keras_transformer.cli.common import DECODING_ENVIRONMENT  # noqa: E402
+from machine import set_decoding_environment  # noqa: E402 (imports no TensorFlow)
 
-for _name, _value in DECODING_ENVIRONMENT.items():
-    os.environ.setdefault(_name, _value)
+DECODING_ENVIRONMENT = set_decoding_environment()
 
 from keras_transformer import data  # noqa: E402
 from keras_transformer import evaluation  # noqa: E402

@@ -45,14 +45,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-# As the decoding commands (keras_transformer.cli.common.start_decoding): oneDNN's
-# kernels on every x86 CPU, weights reordered once (the module imports no TensorFlow).
-from keras_transformer.cli.common import DECODING_ENVIRONMENT  # noqa: E402
+from machine import set_decoding_environment  # noqa: E402 (imports no TensorFlow)
 
-for _name, _value in DECODING_ENVIRONMENT.items():
-    os.environ.setdefault(_name, _value)
+DECODING_ENVIRONMENT = set_decoding_environment()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -309,7 +304,7 @@ def main(argv=None):
                   "vocab_size": model.config.vocab_size, "beam_size": BEAM_SIZE,
                   "length_penalty": 0.0},
         "machine": {"device": tensorflow_device(), **cpu_flags(), "tensorflow": tf.__version__,
-                    **{name.lower(): os.environ[name] for name in DECODING_ENVIRONMENT}},
+                    **DECODING_ENVIRONMENT},
         "batch_sizes": args.batch_sizes,
         "engines": {},
     }
