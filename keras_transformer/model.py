@@ -154,7 +154,8 @@ class Transformer(MultiWorkerModel):
                 embedding transposed, for the logits. A matmul reads that
                 layout about 1.7x faster than the `(vocab_size, d_model)`
                 table (37000 x 512 on a CPU: 14 ms against 24 ms for 128
-                rows), so a search transposes once and reuses it every step.
+                rows), so a search reuses one copy every step (`Translator`
+                keeps one).
 
         Returns:
             float32 logits `(B, T, vocab_size)`; with `step`, `(logits, memory)`
