@@ -20,13 +20,11 @@ def set_decoding_environment():
     commands set (`keras_transformer.cli.common.start_decoding`: oneDNN's kernels on
     every x86 CPU, weights reordered once) and quiet logs; returns those settings,
     for the report."""
-    from keras_transformer.cli.common import DECODING_ENVIRONMENT
+    from keras_transformer.cli import common  # sets TF_CPP_MIN_LOG_LEVEL=2 unless set
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    for name, value in DECODING_ENVIRONMENT.items():
-        os.environ.setdefault(name, value)
-    return {name.lower(): os.environ[name] for name in DECODING_ENVIRONMENT}
+    common.start_decoding(verbose=True)  # the libraries' log lines stay, as before
+    return {name.lower(): os.environ[name] for name in common.DECODING_ENVIRONMENT}
 
 
 def best_seconds(run, repeats):
