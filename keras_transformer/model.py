@@ -174,9 +174,8 @@ class Transformer(MultiWorkerModel):
             memory = _reserve_positions(memory, step + ops.shape(decoder_inputs)[1])
             slots = memory.get("self_attention_slots")
             if slots is not None:
-                num_slots = memory["self_attention"][0][0].shape[2]
                 slots, options["self_attention_mask"] = _write_slots(
-                    slots, step, ops.shape(decoder_inputs)[1], num_slots)
+                    slots, step, ops.shape(decoder_inputs)[1])
         self_caches, weights = [], []
         for index, layer in enumerate(self.decoder_layers):
             if "cross_attention" in memory:
@@ -233,8 +232,9 @@ class Transformer(MultiWorkerModel):
             `(keys (B, h, S, d_k), values (B, h, S, d_v))`;
             `"encoder_padding_mask"`, boolean `(B, S)`; and unless
             `max_output_length` is None, `"self_attention"`, a list of zero
-            `(keys (B, h, K, L, d_k), values (B, h, K, L, d_v))`, and with
-            K > 1, `"self_attention_slots"`, int32 `(B * K, L)`. Eagerly and
+            `(keys (B, h, L * K, d_k), values (B, h, L * K, d_v))` (entry
+            `t * K + k` holds position t of slot k), and with K > 1,
+            `"self_attention_slots"`, int32 `(B, K, L)`. Eagerly and
             under XLA, `L = max_output_length`. In a TensorFlow graph outside
             XLA, L is at most 16 at first, with an unknown static size, and
             `decode_step` grows the cache by 16 positions when a step writes
@@ -260,13 +260,13 @@ class Transformer(MultiWorkerModel):
 
         def zeros(head_dim):  # each cache in a buffer of its own, which a search may overwrite
             return _cache.zeros(
-                (batch_size, config.num_heads, beam_size, length, head_dim), dtype)
+                (batch_size, config.num_heads, length * beam_size, head_dim), dtype)
 
         cache["self_attention"] = [
             (zeros(config.d_k), zeros(config.d_v)) for _ in self.decoder_layers
         ]
         if beam_size > 1:
-            cache["self_attention_slots"] = ops.zeros((batch_size * beam_size, length), "int32")
+            cache["self_attention_slots"] = ops.zeros((batch_size, beam_size, length), "int32")
         return cache
 
     @staticmethod
@@ -282,11 +282,9 @@ class Transformer(MultiWorkerModel):
         """
         if "self_attention_slots" not in cache:
             return cache
-        beam_size = parents.shape[1]
-        slots = cache["self_attention_slots"]  # (B * K, L)
-        by_source = ops.reshape(slots, (-1, beam_size, ops.shape(slots)[1]))  # (B, K, L)
-        reordered = ops.take_along_axis(by_source, ops.expand_dims(parents, -1), axis=1)
-        return dict(cache, self_attention_slots=ops.reshape(reordered, ops.shape(slots)))
+        slots = cache["self_attention_slots"]  # (B, K, L)
+        reordered = ops.take_along_axis(slots, ops.expand_dims(parents, -1), axis=1)
+        return dict(cache, self_attention_slots=reordered)
 
     @staticmethod
     def select_examples(cache, examples):
@@ -297,15 +295,7 @@ class Transformer(MultiWorkerModel):
         def take(tensor):
             return ops.take(tensor, examples, axis=0)
 
-        selected = {name: keras.tree.map_structure(take, value)
-                    for name, value in cache.items() if name != "self_attention_slots"}
-        if "self_attention_slots" in cache:
-            slots = cache["self_attention_slots"]  # (B * K, L)
-            length = ops.shape(slots)[1]
-            sources = ops.shape(cache["encoder_padding_mask"])[0]
-            by_source = ops.reshape(slots, (sources, -1, length))  # (B, K, L)
-            selected["self_attention_slots"] = ops.reshape(take(by_source), (-1, length))
-        return selected
+        return {name: keras.tree.map_structure(take, value) for name, value in cache.items()}
 
     def decode_step(self, token_ids, cache, step, output_kernel=None):
         """Logits for the position after `step`, and the updated cache.
@@ -459,11 +449,13 @@ def _reserve_positions(memory, end):
     """`memory` with self-attention caches (and slot table) that hold positions
     `0 .. end - 1`: grown if their length is not fixed (see `initial_cache`)."""
     caches = [tensor for pair in memory["self_attention"] for tensor in pair]
-    axes = [3] * len(caches)  # (B, h, G, L, d)
-    if "self_attention_slots" in memory:
-        caches.append(memory["self_attention_slots"])
-        axes.append(1)  # (B * G, L)
-    caches = _cache.reserve(caches, axes, end)
+    slots = memory.get("self_attention_slots")  # (B, G, L)
+    axes, widths = [2] * len(caches), [1 if slots is None else slots.shape[1]] * len(caches)
+    if slots is not None:  # (B, h, L * G, d)
+        caches.append(slots)
+        axes.append(2)
+        widths.append(1)
+    caches = _cache.reserve(caches, axes, widths, end)
     layers = len(memory["self_attention"])
     grown = dict(memory, self_attention=[
         (caches[2 * index], caches[2 * index + 1]) for index in range(layers)])
@@ -472,22 +464,19 @@ def _reserve_positions(memory, end):
     return grown
 
 
-def _write_slots(slots, step, length, num_slots):
+def _write_slots(slots, step, length):
     """Records that each row's positions `step .. step + length - 1` are in its
-    own slot, and returns the slot table `(B * G, L)` with the self-attention
-    mask `(B, G * length, G * L)`: a row may read entry `(g, t)` of its group's
-    cache when its prefix's position t is in slot g."""
-    rows, max_length = ops.shape(slots)
-    own = ops.arange(rows, dtype="int32") % num_slots  # (B * G,) row b * G + g owns slot g
+    own slot, and returns the slot table `(B, G, L)` with the self-attention
+    mask `(B, G * length, L * G)`: row g of a group may read entry `t * G + g'`
+    of its group's cache when its prefix's position t is in slot g'."""
+    sources, num_slots, max_length = ops.shape(slots)
+    own = ops.arange(num_slots, dtype="int32")  # row b * G + g owns slot g
     # A select, not ops.slice_update: outside XLA, TensorFlow runs that through an XLA
     # kernel compiled on demand for each new shape (0.16 ms a step at one sentence).
     columns = ops.arange(max_length, dtype="int32")
     written = ops.logical_and(columns >= step, columns < step + length)  # (L,)
-    slots = ops.where(ops.expand_dims(written, 0), ops.expand_dims(own, 1), slots)
-    holds = ops.equal(
-        ops.expand_dims(slots, 1), ops.reshape(ops.arange(num_slots, dtype="int32"), (1, -1, 1))
-    )  # (B * G, G, L)
-    # B static where the slot table's rows are: a while loop's state keeps its shapes.
-    holds = ops.reshape(
-        holds, (rows // num_slots, num_slots, num_slots * max_length))  # (B, G, G * L)
-    return slots, ops.repeat(holds, length, axis=1)  # (B, G * length, G * L)
+    slots = ops.where(written[None, None, :], own[None, :, None], slots)
+    holds = ops.equal(ops.expand_dims(slots, 3), own)  # (B, G, L, G)
+    # B static where the slot table's is: a while loop's state keeps its shapes.
+    holds = ops.reshape(holds, (sources, num_slots, max_length * num_slots))  # (B, G, L * G)
+    return slots, ops.repeat(holds, length, axis=1)  # (B, G * length, L * G)

@@ -309,7 +309,7 @@ class Translator(tf.Module):
         ids, scores, lengths = self._search_text(text, beam_size, alpha, extra_length)
         empty = tf.equal(lengths, 0)  # (B,)
         return {
-            "translation": tf.where(empty, "", self._detokenize(ids[:, 0])),
+            "translation": tf.where(empty, "", self.tokenizer.detokenize(ids[:, 0])),
             "score": tf.where(empty, 0.0, scores[:, 0]),
         }
 
@@ -317,7 +317,7 @@ class Translator(tf.Module):
         """The K best: `{"translations": (B, K), "scores": (B, K)}`, best first."""
         ids, scores, lengths = self._search_text(text, beam_size, alpha, extra_length)
         shape = tf.shape(ids)  # (B, K, T)
-        texts = self._detokenize(tf.reshape(ids, [-1, shape[2]]))
+        texts = self.tokenizer.detokenize(tf.reshape(ids, [-1, shape[2]]))
         texts = tf.reshape(texts, shape[:2])  # (B, K)
         empty = tf.equal(lengths, 0)[:, tf.newaxis]  # (B, 1)
         first = tf.range(shape[1]) == 0  # (K,)
@@ -335,7 +335,7 @@ class Translator(tf.Module):
         outputs = self._forced(tokens, best)
         empty = tf.equal(lengths, 0)
         return {
-            "translation": tf.where(empty, "", self._detokenize(best)),
+            "translation": tf.where(empty, "", self.tokenizer.detokenize(best)),
             "score": tf.where(empty, 0.0, scores[:, 0]),
             "target_tokens": outputs["target_tokens"],
             "alignment": outputs["alignment"],
@@ -377,13 +377,10 @@ class Translator(tf.Module):
         return {
             "log_prob": tf.reduce_sum(token_log_probs, axis=1),
             "token_log_probs": token_log_probs,
-            "target_tokens": tf.where(real, self._pieces(predicted), ""),
+            "target_tokens": tf.where(real, self.tokenizer.id_to_token(predicted), ""),
             "alignment": alignment,
-            "source_tokens": tf.where(source_real, self._pieces(source_ids), ""),
+            "source_tokens": tf.where(source_real, self.tokenizer.id_to_token(source_ids), ""),
         }
-
-    def _pieces(self, ids):
-        return self.tokenizer.id_to_token(ids)
 
     def _translate_ids(self, ids, beam_size, alpha, extra_length):
         """Ids in, ids out: `{"ids": (B, T), "score": (B,)}`, without BOS/EOS."""
@@ -544,9 +541,6 @@ class Translator(tf.Module):
                 tf.TensorSpec([], tf.float32),  # alpha
             ],
         )
-
-    def _detokenize(self, ids):
-        return self.tokenizer.detokenize(ids)
 
 
 def positive_int(name, value):

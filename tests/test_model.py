@@ -90,6 +90,44 @@ def test_cached_decoding_compiles_with_xla(model):
     np.testing.assert_allclose(decode(source, target), full, atol=1e-4)
 
 
+def test_xla_beam_search_writes_the_cache_in_place(model):
+    """Under XLA a search's step writes each self-attention cache with one
+    dynamic-update-slice and never copies it (a reshape between the write and
+    the attention once made XLA copy it twice a step). Read off the optimized HLO."""
+    import re
+
+    import tensorflow as tf
+
+    from keras_transformer import decoding
+
+    config = model.config
+    length, beam_size = 12, 3
+
+    @tf.function(autograph=False, jit_compile=True)
+    def search(source):
+        cache = model.initial_cache(source, length, beam_size=beam_size)
+        return decoding.beam_search(
+            model.step_function(), tf.fill([4], 1), cache, vocab_size=VOCAB,
+            max_output_length=length, eos_id=2, beam_size=beam_size, alpha=0.6,
+            padding_id=0, reorder_cache=model.reorder_cache)
+
+    source = tf.constant(_ids(4, 7))
+    hlo = search.experimental_get_compiler_ir(source)(stage="optimized_hlo")
+    shapes = "|".join(re.escape(f"[4,{config.num_heads},{length * beam_size},{dim}]")
+                      for dim in {config.d_k, config.d_v})  # (B, h, L * K, d)
+    writes = re.findall(rf"= \w+(?:{shapes})\S* dynamic-update-slice\(", hlo)
+    assert len(writes) == 2 * config.num_layers  # once per cache and step
+    # The loop's caches (get-tuple-element) are never copied.
+    assert not re.findall(rf"= \w+(?:{shapes})\S* copy\(%get-tuple-element", hlo)
+    ids, _ = search(source)
+    eager_ids, _ = decoding.beam_search(
+        model.step_function(), tf.fill([4], 1),
+        model.initial_cache(source, length, beam_size=beam_size), vocab_size=VOCAB,
+        max_output_length=length, eos_id=2, beam_size=beam_size, alpha=0.6, padding_id=0,
+        reorder_cache=model.reorder_cache)
+    np.testing.assert_array_equal(ids, eager_ids)
+
+
 def _beam_search(model, **step_options):
     """A beam search of `model.step_function(**step_options)` in a tf.function, with
     sources leaving the batch and per-source limits: its ids and scores, and the
@@ -184,8 +222,9 @@ def test_graph_decoding_grows_the_cache_as_the_steps_need(model):
         for step in (None, 0, 15, 16, 33, 39):
             if step is not None:
                 _, cache = model.decode_step(tokens, cache, tf.constant(step))
-            result.append([tf.shape(key)[3] for key, _ in cache["self_attention"]]
-                          + [tf.shape(cache["self_attention_slots"])[1]])
+            # (B, h, L * K, d) and (B, K, L): positions held.
+            result.append([tf.shape(key)[2] // 3 for key, _ in cache["self_attention"]]
+                          + [tf.shape(cache["self_attention_slots"])[2]])
         return tf.convert_to_tensor(result)
 
     any_source = [tf.TensorSpec([None, None], tf.int32)]
@@ -221,7 +260,7 @@ def test_beam_search_over_a_growing_cache_equals_one_over_every_position(model):
     ids, scores = search(source, None)
     every_position = model.initial_cache(source, 40, beam_size=3)
     expected_ids, expected_scores = search(source, every_position)
-    assert every_position["self_attention"][0][0].shape[3] == 40
+    assert every_position["self_attention"][0][0].shape[2] == 40 * 3  # (B, h, L * K, d)
     assert np.max(np.sum(np.asarray(ids) != 0, axis=-1)) > 32
     np.testing.assert_array_equal(ids, expected_ids)
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)

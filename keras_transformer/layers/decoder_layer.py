@@ -38,11 +38,11 @@ class TransformerDecoderLayer(TransformerBlock):
             `cross_attention_cache` is given.
         decoder_padding_mask: optional boolean `(B, T)`, True for real tokens.
         encoder_padding_mask: optional boolean `(B, S)`, True for real tokens.
-        self_attention_cache: optional `(keys (B, h, G, T_max, d_k),
-            values (B, h, G, T_max, d_v))`, G slots per group of G rows
+        self_attention_cache: optional `(keys (B, h, T_max * G, d_k),
+            values (B, h, T_max * G, d_v))`, G slots per group of G rows
             (`decoder_sequence` has `B * G` rows; see `MultiHeadAttention`).
         self_attention_mask: with a cache of G > 1 slots, boolean
-            `(B, G * T, G * T_max)`: the slot that holds each position of each
+            `(B, G * T, T_max * G)`: the slot that holds each position of each
             row's prefix (`Transformer.decode` builds it).
         self_attention_cache_update_index: int scalar, position of
             `decoder_sequence`'s first token.
@@ -119,7 +119,7 @@ class TransformerDecoderLayer(TransformerBlock):
             outputs = self._self_attention(
                 x,
                 x,
-                # (B, T) padding keys, or (B, G * T, G * T_max) cache slots
+                # (B, T) padding keys, or (B, G * T, T_max * G) cache slots
                 attention_mask=(
                     decoder_padding_mask if self_attention_mask is None else self_attention_mask
                 ),

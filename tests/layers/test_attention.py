@@ -74,7 +74,7 @@ def test_self_attention_cache_equals_full_causal_pass():
     x = np.random.randn(B, T, D).astype("float32")
     full = np.asarray(ours(x, x, use_causal_mask=True))
     max_length = T + 3  # unwritten cache slots must be masked too
-    cache = (np.zeros((B, H, 1, max_length, DK), "float32"),) * 2
+    cache = (np.zeros((B, H, max_length, DK), "float32"),) * 2
     for t in range(T):
         step, cache = ours(
             x[:, t : t + 1], x[:, t : t + 1], use_causal_mask=True, cache=cache,
@@ -83,9 +83,9 @@ def test_self_attention_cache_equals_full_causal_pass():
         np.testing.assert_allclose(step[:, 0], full[:, t], atol=1e-5)
     # The cache holds the projections of every position written so far, heads first.
     keys, values = ours.project_key_value(x)  # (B, H, T, DK)
-    np.testing.assert_allclose(cache[0][:, :, 0, :T], keys, atol=1e-6)
-    np.testing.assert_allclose(cache[1][:, :, 0, :T], values, atol=1e-6)
-    assert not np.any(cache[0][:, :, :, T:])
+    np.testing.assert_allclose(cache[0][:, :, :T], keys, atol=1e-6)
+    np.testing.assert_allclose(cache[1][:, :, :T], values, atol=1e-6)
+    assert not np.any(cache[0][:, :, T:])
 
 
 def test_grouped_self_attention_cache_reads_the_slots_the_mask_names():
@@ -95,14 +95,12 @@ def test_grouped_self_attention_cache_reads_the_slots_the_mask_names():
     ours, _ = _pair()
     G, L = 3, T + 2
     x = np.random.randn(B * G, T, D).astype("float32")
-    cache = (np.zeros((B, H, G, L, DK), "float32"),) * 2
+    cache = (np.zeros((B, H, L * G, DK), "float32"),) * 2  # entry t * G + g: slot g's t
     # Row 0 of each group reads its own slot at even positions and slot 2 at odd ones.
     holder = np.tile(np.arange(G)[None, :, None], (B, 1, L))  # (B, G, L)
     holder[:, 0, 1::2] = 2
-    mask = np.zeros((B, G, G, L), bool)
-    for g in range(G):
-        mask[:, g] = holder[:, g, None, :] == np.arange(G)[None, :, None]
-    mask = mask.reshape(B, G, G * L)
+    mask = holder[:, :, :, None] == np.arange(G)  # (B, G, L, G)
+    mask = mask.reshape(B, G, L * G)
     for t in range(T):
         step, cache = ours(x[:, t : t + 1], x[:, t : t + 1], use_causal_mask=True,
                            attention_mask=mask, cache=cache, cache_update_index=t)

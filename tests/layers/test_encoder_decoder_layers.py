@@ -75,7 +75,7 @@ def test_decoder_layer_cached_steps_equal_full_pass():
     memory = np.random.randn(B, S, D).astype("float32")
     source_padding = np.arange(S)[None] < np.array([[6], [4]])
     full = np.asarray(layer(x, memory, encoder_padding_mask=source_padding))
-    self_cache = (np.zeros((B, H, 1, T, D // H), "float32"),) * 2
+    self_cache = (np.zeros((B, H, T, D // H), "float32"),) * 2
     cross_cache = layer.project_encoder_sequence(memory)
     for t in range(T):
         step, self_cache, cross_cache = layer(
