@@ -30,7 +30,8 @@ Per engine and batch size: sentences/s (sentences over the summed latencies),
 p50 and p95 latency in milliseconds, and the first request's latency (tracing
 or compilation, paid before the timed requests; with XLA, after the export's
 warm-up requests are replayed as TF Serving does at load, whose seconds are
-`warmup_replay_seconds`). `same_translations_as_...`:
+`warmup_replay_seconds`; `--xla-max-batch-size N`: XLA for requests of up to N
+sentences only). `same_translations_as_...`:
 each engine's share of translations of the first 32 sentences identical to
 the first engine's. The report goes to `--out-dir`/report.json
 (runs/serving_latency) and stdout, then the plot to serving_latency.png beside
@@ -94,6 +95,9 @@ def parse_args(argv):
                              "bfloat16, float16")
     parser.add_argument("--jit-compile", default="auto", choices=("auto", "on", "off"),
                         help="ours with XLA (export --jit-compile)")
+    parser.add_argument("--xla-max-batch-size", type=int, default=None,
+                        help="ours with XLA for requests of at most this many sentences, "
+                             "larger ones without (export --xla-max-batch-size)")
     parser.add_argument("--no-ctranslate2", action="store_true")
     parser.add_argument("--out-dir", default=os.path.join("runs", "serving_latency"))
     parser.add_argument("--quick", action="store_true",
@@ -152,13 +156,13 @@ def measure(translate, requests):
     }
 
 
-def ours(model, tokenizer, options, precision, jit_compile, directory):
+def ours(model, tokenizer, options, precision, jit_compile, xla_max_batch_size, directory):
     """`translate(batch)` through the reloaded SavedModel, and its settings."""
     if precision != "float32":
         model = model.with_dtype(precision)
     translator = serving.Translator(model, tokenizer, beam_size=BEAM_SIZE, alpha=0.0,
                                     beam_sizes=(BEAM_SIZE,), jit_compile=jit_compile,
-                                    **options)
+                                    xla_max_batch_size=xla_max_batch_size, **options)
     # With XLA, the warm-up requests compile every padded shape (serving_shapes).
     path = saved_model.export_translator(
         translator, os.path.join(directory, f"ours-{precision}"),
@@ -223,9 +227,12 @@ def ctranslate2_engine(model, tokenizer, options, compute_type, device, director
 
 def engines(model, tokenizer, options, args, directory):
     """(name, factory) of each engine to time; a factory builds it when called."""
-    jit_compile = hardware.decoding_jit_compile(args.jit_compile)
-    listed = [(f"ours_{precision}" + ("_xla" if jit_compile else ""),
-               lambda p=precision: ours(model, tokenizer, options, p, jit_compile, directory))
+    small = args.xla_max_batch_size
+    jit_compile = hardware.decoding_jit_compile(args.jit_compile) or small is not None
+    suffix = "" if not jit_compile else "_xla" if small is None else f"_xla_up_to_{small}"
+    listed = [(f"ours_{precision}{suffix}",
+               lambda p=precision: ours(model, tokenizer, options, p, jit_compile, small,
+                                        directory))
               for precision in args.precisions]
     if not args.no_ctranslate2:
         import ctranslate2

@@ -13,8 +13,11 @@ What `auto` picks, and why (figures from README, "Training on a GPU"):
   step for cpu-small and base), else float32; the fine length buckets.
 
 For decoding (`export --jit-compile auto`, `decoding_jit_compile`): XLA where a GPU
-is visible (14x the speed of the export without it on an H100), not on a CPU
-(0.8x on our 2-core AMD EPYC: XLA:CPU's matrix multiplies are slower). Without XLA,
+is visible (14x the speed of the export without it on an H100), not on a CPU: there
+it answers one sentence faster (the base model in 0.63x the time on a 2-core Zen 5
+EPYC) but batches slower (2.0x at 32 sentences), and a stock model server runs it only
+with `--xla_cpu_compilation_enabled` (`export --xla-max-batch-size 1`: XLA for
+one-sentence requests alone). Without XLA,
 the search multiplies by transposed kernels on CPUs without AVX-512 only
 (`decoding_transposed_kernels`; figures in `layers/_matmul.py`).
 

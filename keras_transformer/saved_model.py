@@ -144,7 +144,7 @@ def write_model_server_files(export_dir, translator, model_name=None, base_path=
     have a batch dimension: with `--enable_batching`, call `serving_default`
     (text only), not `translate` with its scalar knobs. For an XLA export, the
     server pads merged batches to the export's padded batch sizes
-    (`allowed_batch_sizes`).
+    (`allowed_batch_sizes`), unless only small requests run XLA.
 
     Returns:
         The paths of the two files.
@@ -165,8 +165,11 @@ def write_model_server_files(export_dir, translator, model_name=None, base_path=
         "num_batch_threads": num_batch_threads or os.cpu_count() or 1,
     }
     paths = [os.path.join(export_dir, name) for name in (MODELS_CONFIG_FILENAME, BATCHING_FILENAME)]
-    # An XLA export's merged batches are padded to its compiled batch sizes.
-    allowed = "".join(f"allowed_batch_sizes: {size}\n" for size in translator.batch_sizes)
+    # An XLA export's merged batches are padded to its compiled batch sizes (not
+    # where larger requests run without XLA: they would be padded to the largest).
+    hybrid = translator.xla_max_batch_size < translator.max_batch_size
+    allowed = "".join(f"allowed_batch_sizes: {size}\n"
+                      for size in (() if hybrid else translator.batch_sizes))
     texts = [text_format.MessageToString(config),
              "".join(f"{name} {{ value: {value} }}\n" for name, value in batching.items())
              + allowed]

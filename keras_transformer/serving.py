@@ -35,7 +35,8 @@ its REST API needs every input of a signature with more than one (call
 Beam size at run time: one of the sizes traced at export (`beam_sizes`, default
 1, 2, 4, 8; `tf.switch_case` picks one); another gets an `InvalidArgument`.
 With `jit_compile`, requests are padded to a few shapes, all compiled by the
-warm-up requests (`keras_transformer.serving_shapes`).
+warm-up requests (`keras_transformer.serving_shapes`); with `xla_max_batch_size`
+too, only requests of at most that many sentences (larger ones run the graph).
 
 Request limits (`export --max-batch-size --max-input-chars`, recorded in
 `assets.extra/config.json`): a request of more than `max_batch_size` sentences,
@@ -71,9 +72,6 @@ DEFAULT_BEAM_SIZES = (1, 2, 4, 8)
 # batch takes, and its memory grows with the text's length.
 DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_INPUT_CHARS = 10_000
-# Without XLA, sources are padded to a multiple of this many tokens (with XLA,
-# to one of serving_shapes.source_lengths).
-SOURCE_LENGTH_GRANULARITY = 8
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
 SOURCE_SPEC = tf.TensorSpec([None], tf.string, name="source")
 TARGET_SPEC = tf.TensorSpec([None], tf.string, name="target")
@@ -110,6 +108,11 @@ class Translator(tf.Module):
         max_input_chars: the most characters a request's sentence may have.
         jit_compile: compile each search with XLA, over the padded shapes of
             `serving_shapes` (batch sizes and source lengths).
+        xla_max_batch_size: with `jit_compile`, the largest request (in
+            sentences) that runs the XLA search; larger ones run the graph
+            search. None: `max_batch_size`. On a CPU XLA is the faster for
+            one sentence (0.3x the time), the slower from 8 (padding, and no
+            finished source leaves a fixed-shape batch).
         use_cache: False re-runs the decoder on the whole prefix every step
             (`Transformer.step_function(use_cache=False)`), for tests and
             benchmarks; not with `jit_compile`.
@@ -150,6 +153,7 @@ class Translator(tf.Module):
         max_batch_size=DEFAULT_MAX_BATCH_SIZE,
         max_input_chars=DEFAULT_MAX_INPUT_CHARS,
         jit_compile=False,
+        xla_max_batch_size=None,
         use_cache=True,
         ignore_eos=False,
         transposed_kernels=None,
@@ -188,6 +192,12 @@ class Translator(tf.Module):
                 f"Translator: max_output_length={max_output_length} exceeds the "
                 f"{config.max_positions} learned decoder positions of the model"
             )
+        if xla_max_batch_size is not None and not (
+                jit_compile and positive_int("xla_max_batch_size", xla_max_batch_size)
+                <= max_batch_size):
+            raise ValueError(
+                "Translator: xla_max_batch_size needs jit_compile=True and at most "
+                f"max_batch_size={max_batch_size}. Received: {xla_max_batch_size!r}")
         if jit_compile and not use_cache:
             raise ValueError(
                 "Translator: use_cache=False re-runs the decoder on a prefix that grows "
@@ -209,8 +219,10 @@ class Translator(tf.Module):
         self.max_batch_size = positive_int("max_batch_size", max_batch_size)
         self.max_input_chars = positive_int("max_input_chars", max_input_chars)
         self.jit_compile = bool(jit_compile)
+        self.xla_max_batch_size = (xla_max_batch_size or self.max_batch_size) if jit_compile else 0
         # XLA's padded request shapes (serving_shapes); none without XLA.
-        self.batch_sizes = serving_shapes.batch_sizes(self.max_batch_size) if jit_compile else ()
+        self.batch_sizes = (serving_shapes.batch_sizes(self.xla_max_batch_size)
+                            if jit_compile else ())
         self.source_lengths = (serving_shapes.source_lengths(max_input_length)
                                if jit_compile else ())
         self.use_cache = bool(use_cache)
@@ -222,7 +234,10 @@ class Translator(tf.Module):
         # (base model, bfloat16): a tenth of a one-sentence request.
         self.output_kernel = tf.Variable(tf.cast(tf.transpose(model.embedding.embeddings),
                                                  model.embedding.compute_dtype), trainable=False)
-        self._searches = [self._search_function(k) for k in beam_sizes]
+        # [graph, XLA] searches (by jit_compile): both where only small requests run XLA.
+        modes = {self.jit_compile, self.xla_max_batch_size == self.max_batch_size}
+        self._searches = [[self._search_function(k, xla) for k in beam_sizes if xla in modes]
+                          for xla in (False, True)]
 
         # No autograph: the loops are explicit tf.while_loops, and converting
         # the model's Python code costs most of the tracing time.
@@ -278,6 +293,7 @@ class Translator(tf.Module):
             "max_input_chars": self.max_input_chars,
             "precision": self.model.precision,
             "jit_compile": self.jit_compile,
+            "xla_max_batch_size": self.xla_max_batch_size,
             "padded_batch_sizes": list(self.batch_sizes),
             "padded_source_lengths": list(self.source_lengths),
             "use_cache": self.use_cache,
@@ -387,8 +403,7 @@ class Translator(tf.Module):
         vocab_size = self.model.config.vocab_size
         ids = self._within_batch_limit(ids)
         tf.debugging.assert_greater_equal(
-            ids, 0, message="translate_ids: ids must be >= 0 (0 is padding)"
-        )
+            ids, 0, message="translate_ids: ids must be >= 0 (0 is padding)")
         tf.debugging.assert_less(
             ids, vocab_size, message=f"translate_ids: ids must be < vocab_size={vocab_size}"
         )
@@ -436,8 +451,7 @@ class Translator(tf.Module):
         # Sentencepiece would replace invalid bytes too; doing it here makes
         # the behaviour ours, whatever the tokenizer does.
         text = tf.strings.unicode_transcode(
-            text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
-        )
+            text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
         # Runs of whitespace (tabs, newlines, Unicode spaces) become one space,
         # none at the ends, as in the training text: whitespace-only is empty.
         text = tf.strings.regex_replace(text, r"[\s\pZ]+", " ")
@@ -450,59 +464,44 @@ class Translator(tf.Module):
         Returns ids `(B, K, T)` (EOS included, padding after), scores `(B, K)`
         and the source lengths `(B,)` after truncation.
         """
-        tf.debugging.assert_non_negative(
-            extra_length, message="extra_length must be >= 0; received"
-        )
+        tf.debugging.assert_non_negative(extra_length,
+                                         message="extra_length must be >= 0; received")
         tf.debugging.assert_all_finite(alpha, message="alpha must be finite; received")
         # No more than the output limit, so that adding lengths cannot overflow.
         extra_length = tf.minimum(extra_length, self.max_output_length)
         tokens = tf.cast(tokens, tf.int32)[:, : self.max_input_length]
         lengths = tf.cast(tokens.row_lengths(), tf.int32)  # (B,)
         batch_size = tf.shape(lengths)[0]
-        # At least one row, so that an empty batch decodes one empty source.
-        padded_batch = tf.maximum(batch_size, 1)
-        longest = tf.maximum(tf.reduce_max(lengths), 1)  # (the max of none is INT_MIN)
-        if self.jit_compile:  # one of the few shapes the warm-up compiles
-            padded_batch = serving_shapes.pad_to(self.batch_sizes, padded_batch)
-            width = serving_shapes.pad_to(self.source_lengths, longest)
-        else:
-            granularity = SOURCE_LENGTH_GRANULARITY
-            width = tf.minimum((longest + granularity - 1) // granularity * granularity,
-                               self.max_input_length)
-            width = tf.maximum(width, longest)
-        source_ids = tokens.to_tensor(PAD_ID, shape=tf.stack([padded_batch, width]))  # (B', S)
-        padded_lengths = tf.pad(lengths, [[0, padded_batch - batch_size]])  # (B',)
 
-        # Sec. 6.1: at most input length + 50 tokens; an empty source stops
-        # after one step (its output is replaced by "").
-        if self.jit_compile:  # one output buffer per padded shape: the export's extra_length
-            longest_output = tf.minimum(width + self.extra_length, self.max_output_length)
-        else:
-            longest_output = tf.clip_by_value(width + extra_length, 1, self.max_output_length)
-        output_limits = tf.where(padded_lengths > 0, padded_lengths + extra_length, 1)
-
-        ids, scores = self._dispatch(beam_size, source_ids, output_limits, longest_output, alpha)
+        def search(xla):
+            return self._padded_search(xla, tokens, lengths, beam_size, alpha, extra_length)
+        if not all(self._searches):
+            ids, scores = search(self.jit_compile)
+        else:  # small requests with XLA, larger ones without
+            ids, scores = tf.cond(batch_size <= self.xla_max_batch_size,
+                                  lambda: search(True), lambda: search(False))
         return ids[:batch_size], scores[:batch_size], lengths
 
-    def _dispatch(self, beam_size, source_ids, output_limits, longest_output, alpha):
+    def _padded_search(self, xla, tokens, lengths, beam_size, alpha, extra_length):
+        """The search of `beam_size` (with XLA or not) over the padded request:
+        ids and scores of the padded batch."""
+        source_ids, output_limits, longest_output = serving_shapes.padded_request(
+            self, xla, tokens, lengths, extra_length)
+        searches = self._searches[xla]
         sizes = tf.constant(self.beam_sizes, tf.int32)
-        valid = tf.reduce_any(tf.equal(beam_size, sizes))
         check = tf.debugging.Assert(
-            valid,
+            tf.reduce_any(tf.equal(beam_size, sizes)),
             [f"beam_size must be one of {list(self.beam_sizes)} (the sizes traced at "
              "export); received", beam_size],
         )
         args = (source_ids, output_limits, longest_output, alpha)
-        if len(self._searches) == 1:
-            with tf.control_dependencies([check]):
-                return self._searches[0](*args)
         with tf.control_dependencies([check]):
+            if len(searches) == 1:
+                return searches[0](*args)
             index = tf.argmax(tf.cast(tf.equal(beam_size, sizes), tf.int32), output_type=tf.int32)
-        return tf.switch_case(
-            index, [lambda search=search: search(*args) for search in self._searches]
-        )
+        return tf.switch_case(index, [lambda search=search: search(*args) for search in searches])
 
-    def _search_function(self, beam_size):
+    def _search_function(self, beam_size, jit_compile):
         """The beam search for one K, a tf.function over padded source ids."""
         model = self.model
         vocab_size = model.config.vocab_size
@@ -527,12 +526,12 @@ class Translator(tf.Module):
                 ignore_eos=self.ignore_eos,
                 reorder_cache=model.reorder_cache,
                 # Finished sources leave the batch; XLA's shapes cannot change.
-                select_examples=None if self.jit_compile else model.select_examples,
+                select_examples=None if jit_compile else model.select_examples,
             )
 
         return tf.function(
             search,
-            jit_compile=self.jit_compile,
+            jit_compile=jit_compile,
             autograph=False,
             input_signature=[
                 tf.TensorSpec([None, None], tf.int32),  # source_ids (B, S)

@@ -14,9 +14,13 @@ finished, whatever the buffer's length.
 
 import tensorflow as tf
 
+from keras_transformer.token_ids import PAD_ID
+
 BATCH_GROWTH = 4  # rows 1, 4, 16, 64, 256
 SHORTEST_SOURCE = 16  # source lengths 16, 32, 64, 128, 256
 SOURCE_GROWTH = 2
+# Without XLA, sources are padded to a multiple of this many tokens.
+SOURCE_LENGTH_GRANULARITY = 8
 
 
 def batch_sizes(max_batch_size):
@@ -34,6 +38,36 @@ def pad_to(sizes, value):
     (which must be at most the last)."""
     sizes = tf.constant(sizes, tf.int32)
     return tf.gather(sizes, tf.searchsorted(sizes, value[tf.newaxis], side="left")[0])
+
+
+def padded_request(translator, xla, tokens, lengths, extra_length):
+    """A request of ragged source `tokens` `(B, None)` (their `lengths` `(B,)`)
+    padded for `translator`'s search with XLA or without: source ids `(B', S)`,
+    each row's output limit `(B',)` and the output buffer's length. With XLA,
+    B' and S are among `translator.batch_sizes` and `source_lengths`, and the
+    buffer holds the export's `extra_length` tokens more; without, B' = B (at
+    least 1) and S is a multiple of `SOURCE_LENGTH_GRANULARITY`."""
+    batch_size = tf.shape(lengths)[0]
+    # At least one row, so that an empty batch decodes one empty source.
+    padded_batch = tf.maximum(batch_size, 1)
+    longest = tf.maximum(tf.reduce_max(lengths), 1)  # (the max of none is INT_MIN)
+    if xla:
+        padded_batch = pad_to(translator.batch_sizes, padded_batch)
+        width = pad_to(translator.source_lengths, longest)
+        # One output buffer per padded shape: the export's extra_length.
+        longest_output = tf.minimum(width + translator.extra_length,
+                                    translator.max_output_length)
+    else:
+        granularity = SOURCE_LENGTH_GRANULARITY
+        width = tf.minimum((longest + granularity - 1) // granularity * granularity,
+                           translator.max_input_length)
+        width = tf.maximum(width, longest)
+        longest_output = tf.clip_by_value(width + extra_length, 1, translator.max_output_length)
+    source_ids = tokens.to_tensor(PAD_ID, shape=tf.stack([padded_batch, width]))  # (B', S)
+    padded_lengths = tf.pad(lengths, [[0, padded_batch - batch_size]])  # (B',)
+    # Sec. 6.1: at most input length + 50 tokens; an empty source stops after one step.
+    output_limits = tf.where(padded_lengths > 0, padded_lengths + extra_length, 1)
+    return source_ids, output_limits, longest_output
 
 
 def warmup_requests(translator, texts):
@@ -56,7 +90,7 @@ def warmup_requests(translator, texts):
             name, empty = "text", ""
             first = _sentence(translator.tokenizer, words, shorter + 1, length)
         requests += [("serving_default", {name: [first] + [empty] * (rows - 1)})
-                     for rows in batch_sizes(translator.max_batch_size)]
+                     for rows in translator.batch_sizes]
     return requests
 
 

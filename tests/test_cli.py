@@ -141,6 +141,19 @@ def test_the_command_dispatches_to_its_sub_commands(capsys):
         "keras-transformer translate: --export /nonexistent is not a directory (see --help)")
 
 
+def test_xla_max_batch_size_needs_xla(capsys):
+    from keras_transformer.cli import export
+
+    for flags in (["--jit-compile", "off"], ["--xla-max-batch-size", "0"]):
+        with pytest.raises(SystemExit) as exit:
+            export.parse_args(["--run", ROOT, "--out", "x", "--xla-max-batch-size", "2", *flags])
+        assert exit.value.code == 2
+        assert "--xla-max-batch-size must be 1 to --max-batch-size, without --jit-compile off" \
+            in capsys.readouterr().err
+    args = export.parse_args(["--run", ROOT, "--out", "x", "--xla-max-batch-size", "1"])
+    assert (args.xla_max_batch_size, args.jit_compile) == (1, "auto")
+
+
 def test_python_dash_m_runs_the_command():
     result = subprocess.run([sys.executable, "-m", "keras_transformer", "export", "--out", "x"],
                             capture_output=True, text=True, cwd=ROOT, timeout=600,

@@ -311,6 +311,29 @@ def test_xla_search_equals_graph_search(model, tokenizer, translator):
     np.testing.assert_allclose(fast["score"], reference["score"], atol=1e-4)
 
 
+def test_small_requests_run_xla_and_larger_ones_the_graph(model, tokenizer, translator):
+    """`xla_max_batch_size=1`: one sentence through the XLA search, more through
+    the graph's; both translate as the graph-only translator does."""
+    hybrid = serving.Translator(
+        model, tokenizer, extra_length=EXTRA_LENGTH, max_input_length=MAX_INPUT_LENGTH,
+        beam_sizes=(4,), jit_compile=True, xla_max_batch_size=1)
+    assert hybrid.batch_sizes == (1,) and hybrid.settings()["xla_max_batch_size"] == 1
+    graph = hybrid.translate.get_concrete_function().graph
+    nodes = [node for function in graph.as_graph_def().library.function
+             for node in function.node_def]
+    assert any(node.attr["_XlaMustCompile"].b for node in nodes)  # the small requests'
+    assert "InplaceUpdate" in {node.op for node in nodes}  # the larger ones' (graph)
+    for texts in (SENTENCES[:1], SENTENCES[:3], []):
+        texts = tf.constant(texts, tf.string)
+        ours, reference = hybrid.translate(texts), translator.translate(texts)
+        assert _strings(ours["translation"]) == _strings(reference["translation"])
+        np.testing.assert_allclose(ours["score"], reference["score"], atol=1e-4)
+    assert serving.Translator(model, tokenizer).xla_max_batch_size == 0
+    for wrong in (dict(xla_max_batch_size=1), dict(jit_compile=True, xla_max_batch_size=300)):
+        with pytest.raises(ValueError, match="xla_max_batch_size needs jit_compile=True"):
+            serving.Translator(model, tokenizer, **wrong)
+
+
 # Scoring and alignments ------------------------------------------------------------
 
 

@@ -32,6 +32,22 @@ def test_pad_to_is_the_smallest_size_that_holds_the_value():
         assert padded == min(size for size in sizes if size >= value), value
 
 
+def test_only_the_small_requests_xla_runs_are_warmed_up_and_padded(model, tokenizer, tmp_path):
+    """With `xla_max_batch_size`, the warm-up requests hold that many rows at
+    most, and TF Serving's batching pads no merged batch (larger ones run
+    without XLA at their own size)."""
+    translator = serving.Translator(model, tokenizer, jit_compile=True, max_batch_size=16,
+                                    max_input_length=20, beam_sizes=(4,), xla_max_batch_size=4)
+    assert (translator.batch_sizes, translator.source_lengths) == ((1, 4), (16, 20))
+    requests = serving_shapes.warmup_requests(translator, SENTENCES)
+    assert sorted({len(inputs["text"]) for _, inputs in requests}) == [1, 4]
+    assert len(requests) == 2 * 2
+    _, batching = saved_model.write_model_server_files(str(tmp_path / "export"), translator)
+    with open(batching) as f:
+        text = f.read()
+    assert "max_batch_size { value: 16 }" in text and "allowed_batch_sizes" not in text
+
+
 # Replays the warm-up file as TF Serving does when it loads a version (knobs a
 # request leaves out take the export's defaults), counts the programs XLA has
 # compiled (its persistent cache writes one file each), then serves live
@@ -73,20 +89,24 @@ print(json.dumps({"after_warmup": after_warmup,
 
 
 @pytest.mark.slow
-def test_no_live_request_compiles_after_the_warm_up(model, tokenizer, tmp_path):
+@pytest.mark.parametrize("xla_max_batch_size,batch_sizes", [(None, (1, 4, 5)), (4, (1, 4))])
+def test_no_live_request_compiles_after_the_warm_up(model, tokenizer, tmp_path,
+                                                     xla_max_batch_size, batch_sizes):
+    """All requests through XLA, or those of up to 4 sentences (5 run the graph)."""
     translator = serving.Translator(model, tokenizer, jit_compile=True, max_batch_size=5,
-                                    max_input_length=20, beam_sizes=(4,))
-    assert (translator.batch_sizes, translator.source_lengths) == ((1, 4, 5), (16, 20))
+                                    max_input_length=20, beam_sizes=(4,),
+                                    xla_max_batch_size=xla_max_batch_size)
+    assert (translator.batch_sizes, translator.source_lengths) == (batch_sizes, (16, 20))
     path = saved_model.export_translator(translator, str(tmp_path / "export"), check=False)
     with open(os.path.join(path, "assets.extra", "config.json")) as f:
         settings = json.load(f)["translator"]
-    assert settings["padded_batch_sizes"] == [1, 4, 5]
+    assert settings["padded_batch_sizes"] == list(batch_sizes)
     assert settings["padded_source_lengths"] == [16, 20]
-    # TF Serving's batching pads merged batches to the compiled sizes.
-    _, batching = saved_model.write_model_server_files(str(tmp_path / "export"), translator)
-    with open(batching) as f:
-        assert f.read().endswith(
-            "allowed_batch_sizes: 1\nallowed_batch_sizes: 4\nallowed_batch_sizes: 5\n")
+    if xla_max_batch_size is None:  # TF Serving's batching pads merged batches to them
+        _, batching = saved_model.write_model_server_files(str(tmp_path / "export"), translator)
+        with open(batching) as f:
+            assert f.read().endswith(
+                "allowed_batch_sizes: 1\nallowed_batch_sizes: 4\nallowed_batch_sizes: 5\n")
     # Sources of 1 to 20 tokens (the longest truncated to 20): every padded length.
     sentences = ["Hi.", *SENTENCES, " ".join(SENTENCES * 3)]
     lengths = tokenizer.tokenize(tf.constant(sentences)).row_lengths().numpy()
@@ -100,8 +120,9 @@ def test_no_live_request_compiles_after_the_warm_up(model, tokenizer, tmp_path):
                             env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     counts = json.loads(result.stdout.strip().splitlines()[-1])
-    # One program per padded shape (3 x 2), all compiled at load; none after.
-    assert counts["after_warmup"] == 6 and counts["after_requests"] == 6, counts
+    # One program per padded shape (3 x 2, or 2 x 2), all compiled at load; none after.
+    programs = len(batch_sizes) * 2
+    assert counts["after_warmup"] == programs and counts["after_requests"] == programs, counts
     # And the padded XLA search translates as the in-memory graph-mode one.
     expected = serving.Translator(model, tokenizer, max_input_length=20, beam_sizes=(4,))
     np.testing.assert_array_equal(

@@ -62,6 +62,11 @@ def parse_args(argv, prog=PROG):
                         choices=("auto", "on", "off"),
                         help="compile the beam search with XLA (the model server must "
                              "enable XLA JIT); auto: on when a GPU is visible")
+    parser.add_argument("--xla-max-batch-size", type=int, default=None,
+                        help="XLA (also with --jit-compile auto on a CPU) for requests of at "
+                             "most this many sentences, larger ones without (on a CPU: 1 for XLA's "
+                             "one-sentence latency, 3x faster here, and the graph's "
+                             "throughput); default: all")
     parser.add_argument("--precision", choices=("float32", "bfloat16", "float16"),
                         default="float32",
                         help="the weights' and matrix multiplies' type (softmax, layer "
@@ -87,6 +92,10 @@ def parse_args(argv, prog=PROG):
     if args.format == "ctranslate2" and args.precision != "float32":
         parser.error("--precision is for SavedModel exports; a CTranslate2 export takes "
                      "--quantization")
+    if args.xla_max_batch_size is not None and (
+            args.jit_compile == "off" or not 1 <= args.xla_max_batch_size <= args.max_batch_size):
+        parser.error("--xla-max-batch-size must be 1 to --max-batch-size, without "
+                     f"--jit-compile off. Received: {args.xla_max_batch_size}")
     if args.version is not None and args.version < 1:
         parser.error(f"--version must be >= 1. Received: {args.version}")
     return args
@@ -112,7 +121,9 @@ def main(argv=None, prog=PROG):
             extra_length=args.extra_length, max_input_length=args.max_input_length,
             beam_sizes=args.beam_sizes, max_batch_size=args.max_batch_size,
             max_input_chars=args.max_input_chars,
-            jit_compile=hardware.decoding_jit_compile(args.jit_compile),
+            jit_compile=(hardware.decoding_jit_compile(args.jit_compile)
+                         or args.xla_max_batch_size is not None),
+            xla_max_batch_size=args.xla_max_batch_size,
         )
         warmup = saved_model.WARMUP_TEXTS
         if args.warmup_file is not None:
@@ -134,9 +145,11 @@ def main(argv=None, prog=PROG):
     print(f"{prog}: wrote {path}{checked}")
     if translator.jit_compile:
         shapes = len(translator.batch_sizes) * len(translator.source_lengths)
+        larger = (f"; larger requests run without XLA"
+                  if translator.xla_max_batch_size < translator.max_batch_size else "")
         print(f"  XLA: requests padded to {shapes} shapes (rows {translator.batch_sizes}, "
               f"source tokens {translator.source_lengths}), compiled by the warm-up requests "
-              "when the model server loads the version")
+              f"when the model server loads the version{larger}")
     print(f"  saved_model_cli show --dir {path} --all")
     print(f"  TF Serving: --model_config_file={os.path.basename(server_files[0])} "
           f"--enable_batching --batching_parameters_file={os.path.basename(server_files[1])} "
