@@ -1,7 +1,9 @@
-"""The padded request shapes of an XLA export, and warm-up requests that cover them.
+"""How a request is padded for the search (`padded_request`), the padded shapes
+of an XLA export, and warm-up requests that cover them.
 
 XLA compiles the beam search once per shape. An export with `jit_compile` pads
-every request up to one of a small fixed set of shapes, its rows and its
+every request (or, with `xla_max_batch_size`, every request that XLA runs) up to
+one of a small fixed set of shapes, its rows and its
 source length each on a geometric grid (`batch_sizes`, `source_lengths`), and
 its output buffer the padded source length plus the export's `extra_length`
 (a request's larger `extra_length` is cut to it); its TF Serving warm-up
