@@ -167,9 +167,8 @@ def write_model_server_files(export_dir, translator, model_name=None, base_path=
     paths = [os.path.join(export_dir, name) for name in (MODELS_CONFIG_FILENAME, BATCHING_FILENAME)]
     # An XLA export's merged batches are padded to its compiled batch sizes (not
     # where larger requests run without XLA: they would be padded to the largest).
-    hybrid = translator.xla_max_batch_size < translator.max_batch_size
-    allowed = "".join(f"allowed_batch_sizes: {size}\n"
-                      for size in (() if hybrid else translator.batch_sizes))
+    allowed = "".join(f"allowed_batch_sizes: {size}\n" for size in (
+        () if translator.xla_small_requests_only else translator.batch_sizes))
     texts = [text_format.MessageToString(config),
              "".join(f"{name} {{ value: {value} }}\n" for name, value in batching.items())
              + allowed]

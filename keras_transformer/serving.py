@@ -220,6 +220,9 @@ class Translator(tf.Module):
         self.max_input_chars = positive_int("max_input_chars", max_input_chars)
         self.jit_compile = bool(jit_compile)
         self.xla_max_batch_size = (xla_max_batch_size or self.max_batch_size) if jit_compile else 0
+        # Larger requests run the graph's search: both searches are traced.
+        self.xla_small_requests_only = (self.jit_compile
+                                        and self.xla_max_batch_size < self.max_batch_size)
         # XLA's padded request shapes (serving_shapes); none without XLA.
         self.batch_sizes = (serving_shapes.batch_sizes(self.xla_max_batch_size)
                             if jit_compile else ())
@@ -234,8 +237,8 @@ class Translator(tf.Module):
         # (base model, bfloat16): a tenth of a one-sentence request.
         self.output_kernel = tf.Variable(tf.cast(tf.transpose(model.embedding.embeddings),
                                                  model.embedding.compute_dtype), trainable=False)
-        # [graph, XLA] searches (by jit_compile): both where only small requests run XLA.
-        modes = {self.jit_compile, self.xla_max_batch_size == self.max_batch_size}
+        # [graph, XLA] searches (by jit_compile).
+        modes = {False, True} if self.xla_small_requests_only else {self.jit_compile}
         self._searches = [[self._search_function(k, xla) for k in beam_sizes if xla in modes]
                           for xla in (False, True)]
 
@@ -475,11 +478,11 @@ class Translator(tf.Module):
 
         def search(xla):
             return self._padded_search(xla, tokens, lengths, beam_size, alpha, extra_length)
-        if not all(self._searches):
-            ids, scores = search(self.jit_compile)
-        else:  # small requests with XLA, larger ones without
+        if self.xla_small_requests_only:
             ids, scores = tf.cond(batch_size <= self.xla_max_batch_size,
                                   lambda: search(True), lambda: search(False))
+        else:
+            ids, scores = search(self.jit_compile)
         return ids[:batch_size], scores[:batch_size], lengths
 
     def _padded_search(self, xla, tokens, lengths, beam_size, alpha, extra_length):

@@ -145,8 +145,7 @@ def main(argv=None, prog=PROG):
     print(f"{prog}: wrote {path}{checked}")
     if translator.jit_compile:
         shapes = len(translator.batch_sizes) * len(translator.source_lengths)
-        larger = (f"; larger requests run without XLA"
-                  if translator.xla_max_batch_size < translator.max_batch_size else "")
+        larger = "; larger requests run without XLA" if translator.xla_small_requests_only else ""
         print(f"  XLA: requests padded to {shapes} shapes (rows {translator.batch_sizes}, "
               f"source tokens {translator.source_lengths}), compiled by the warm-up requests "
               f"when the model server loads the version{larger}")

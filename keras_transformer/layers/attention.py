@@ -279,7 +279,8 @@ def _into_slots(states, slots):
     position-major."""
     _, heads, length, depth = ops.shape(states)
     grouped = ops.reshape(states, (-1, slots, heads, length, depth))
-    return ops.reshape(_matmul.transpose(grouped, (0, 2, 3, 1, 4)), (-1, heads, length * slots, depth))
+    positions_first = _matmul.transpose(grouped, (0, 2, 3, 1, 4))  # (B, h, T, G, d)
+    return ops.reshape(positions_first, (-1, heads, length * slots, depth))
 
 
 def _split_groups(weights, query_length):
