@@ -40,7 +40,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machine import set_decoding_environment  # noqa: E402 (imports no TensorFlow)
+from machine import VERBOSE_HELP  # noqa: E402 (imports no TensorFlow)
+from machine import set_decoding_environment  # noqa: E402
 
 DECODING_ENVIRONMENT = set_decoding_environment()
 
@@ -79,6 +80,7 @@ def parse_args(argv):
                              "(export --precision); each but float32 adds variants named "
                              "VARIANT-PRECISION, e.g. graph-bfloat16")
     parser.add_argument("--no-profile", action="store_true", help="skip the step profile")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     parser.add_argument("--compare-ctranslate2", action="store_true",
                         help="also time the same weights in CTranslate2 (float32 and int8), "
                              "same sources, beam and steps")

@@ -24,6 +24,11 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from machine import VERBOSE_HELP  # noqa: E402 (imports no TensorFlow)
+from machine import quiet_libraries  # noqa: E402
+
+quiet_libraries()
+
 from keras_transformer import data  # noqa: E402
 from machine import cpu_flags  # noqa: E402
 
@@ -44,6 +49,7 @@ def main():
     parser.add_argument("--deterministic", action="store_true")
     parser.add_argument("--training-json", default=None,
                         help="JSON of the training benchmark; its tokens_per_second is compared")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = parser.parse_args()
 
     start = time.perf_counter()

@@ -15,15 +15,31 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from keras_transformer.hardware import cpu_flags  # noqa: E402,F401
 
 
+# The flag of every benchmark that quiets the libraries (`quiet_libraries`).
+VERBOSE_HELP = "show TensorFlow's start-up logs and the libraries' warnings on stderr"
+
+
+def quiet_libraries():
+    """Before TensorFlow starts: keeps the libraries' log lines (TensorFlow's C++
+    start-up logs) and unactionable warnings off stderr, as the command lines do,
+    unless `--verbose` is on the command line (a flag of every benchmark that calls
+    this); the benchmark's own lines pass."""
+    from keras_transformer.cli import common  # sets TF_CPP_MIN_LOG_LEVEL=2 unless set
+
+    if "--verbose" not in sys.argv[1:]:
+        common.quiet_libraries()
+
+
 def set_decoding_environment():
     """Sets, unless the environment does, before TensorFlow starts, what the decoding
     commands set (`keras_transformer.cli.common.start_decoding`: oneDNN's kernels on
-    every x86 CPU, weights reordered once) and quiet logs; returns those settings,
-    for the report."""
-    from keras_transformer.cli import common  # sets TF_CPP_MIN_LOG_LEVEL=2 unless set
+    every x86 CPU, weights reordered once) and quiets the libraries
+    (`quiet_libraries`); returns those settings, for the report."""
+    from keras_transformer.cli import common
 
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    common.start_decoding(verbose=True)  # the libraries' log lines stay, as before
+    quiet_libraries()
+    common.start_decoding(verbose=True)  # quiet_libraries has done the rest
     return {name.lower(): os.environ[name] for name in common.DECODING_ENVIRONMENT}
 
 

@@ -22,7 +22,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machine import set_decoding_environment  # noqa: E402 (imports no TensorFlow)
+from machine import VERBOSE_HELP  # noqa: E402 (imports no TensorFlow)
+from machine import set_decoding_environment  # noqa: E402
 
 DECODING_ENVIRONMENT = set_decoding_environment()
 
@@ -45,6 +46,7 @@ def parse_args(argv):
     parser.add_argument("--test", default="bundled",
                         help="the test split's corpus (data.load_parallel's name)")
     parser.add_argument("--limit", type=int, default=500, help="test pairs translated")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = parser.parse_args(argv)
     args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
     if not args.precisions or args.precisions[0] != "float32":

@@ -46,7 +46,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machine import set_decoding_environment  # noqa: E402 (imports no TensorFlow)
+from machine import VERBOSE_HELP  # noqa: E402 (imports no TensorFlow)
+from machine import set_decoding_environment  # noqa: E402
 
 DECODING_ENVIRONMENT = set_decoding_environment()
 
@@ -99,6 +100,7 @@ def parse_args(argv):
                         help="ours with XLA for requests of at most this many sentences, "
                              "larger ones without (export --xla-max-batch-size)")
     parser.add_argument("--no-ctranslate2", action="store_true")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     parser.add_argument("--out-dir", default=os.path.join("runs", "serving_latency"))
     parser.add_argument("--quick", action="store_true",
                         help="tiny model, vocabulary 400, batch sizes 1,4: a smoke check")

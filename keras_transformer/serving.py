@@ -325,7 +325,7 @@ class Translator(tf.Module):
 
     def _translate(self, text, beam_size, alpha, extra_length):
         """Best translation and its score: `{"translation": (B,), "score": (B,)}`."""
-        ids, scores, lengths = self._search_text(text, beam_size, alpha, extra_length)
+        ids, scores, lengths = self._search(self._tokens(text), beam_size, alpha, extra_length)
         empty = tf.equal(lengths, 0)  # (B,)
         return {
             "translation": tf.where(empty, "", self.tokenizer.detokenize(ids[:, 0])),
@@ -334,7 +334,7 @@ class Translator(tf.Module):
 
     def _translate_nbest(self, text, beam_size, alpha, extra_length):
         """The K best: `{"translations": (B, K), "scores": (B, K)}`, best first."""
-        ids, scores, lengths = self._search_text(text, beam_size, alpha, extra_length)
+        ids, scores, lengths = self._search(self._tokens(text), beam_size, alpha, extra_length)
         shape = tf.shape(ids)  # (B, K, T)
         texts = self.tokenizer.detokenize(tf.reshape(ids, [-1, shape[2]]))
         texts = tf.reshape(texts, shape[:2])  # (B, K)
@@ -434,9 +434,6 @@ class Translator(tf.Module):
                     "sentences (a limit set at export); split it. Sentences received:")
         with tf.control_dependencies([check]):
             return tf.identity(inputs)
-
-    def _search_text(self, text, beam_size, alpha, extra_length):
-        return self._search(self._tokens(text), beam_size, alpha, extra_length)
 
     def _tokens(self, text):
         """Ragged subword ids `(B, None)` of a request's text, once it is within

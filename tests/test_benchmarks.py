@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from keras_transformer.cli.common import LIBRARY_LOG_LINE
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -162,6 +164,8 @@ def test_input_pipeline_prints_json():
     assert 0 < report["padding_fraction"] < 1 and 0 <= report["filler_row_fraction"] < 1
     assert report["tokens_per_second"] > 0 and report["settings"]["epochs"] == 2
     assert "avx512_bf16" in report["machine"]
+    # TensorFlow's start-up logs kept off stderr (`--verbose` shows them).
+    assert LIBRARY_LOG_LINE.search(result.stderr.encode()) is None, result.stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -186,4 +190,6 @@ def test_precision_quality_prints_json(tmp_path, tokenizer, model):
                                                           abs=0.011)
     assert reduced["within_0.3_bleu"] == (abs(reduced["bleu_minus_float32"]) <= 0.3)
     assert reduced["signature"].startswith("nrefs:1|case:mixed|")
+    # The benchmark's own lines on stderr, the libraries' log lines off it.
     assert "float32: BLEU" in result.stderr and "bfloat16: BLEU" in result.stderr
+    assert LIBRARY_LOG_LINE.search(result.stderr.encode()) is None, result.stderr[-3000:]
