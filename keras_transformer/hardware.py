@@ -16,8 +16,8 @@ For decoding (`export --jit-compile auto`, `decoding_jit_compile`): XLA where a 
 is visible (14x the speed of the export without it on an H100), not on a CPU: there
 it answers one sentence faster (the base model in 0.63x the time on a 2-core Zen 5
 EPYC) but batches slower (2.0x at 32 sentences), and a stock model server runs it only
-with `--xla_cpu_compilation_enabled` (`export --xla-max-batch-size 1`: XLA for
-one-sentence requests alone). Without XLA,
+with `--xla_cpu_compilation_enabled` (`export --xla-max-batch-size 4`: XLA for
+requests of up to 4 sentences alone). Without XLA,
 the search multiplies by transposed kernels on CPUs without AVX-512 only
 (`decoding_transposed_kernels`; figures in `layers/_matmul.py`).
 

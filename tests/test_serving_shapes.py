@@ -20,6 +20,8 @@ def test_grids():
     assert serving_shapes.batch_sizes(256) == (1, 4, 16, 64, 256)
     assert serving_shapes.batch_sizes(100) == (1, 4, 16, 64, 100)
     assert serving_shapes.batch_sizes(1) == (1,)
+    assert serving_shapes.batch_sizes(8, serving_shapes.SMALL_BATCH_GROWTH) == (1, 2, 4, 8)
+    assert serving_shapes.batch_sizes(6, serving_shapes.SMALL_BATCH_GROWTH) == (1, 2, 4, 6)
     assert serving_shapes.source_lengths(256) == (16, 32, 64, 128, 256)
     assert serving_shapes.source_lengths(20) == (16, 20)
     assert serving_shapes.source_lengths(10) == (10,)
@@ -34,14 +36,20 @@ def test_pad_to_is_the_smallest_size_that_holds_the_value():
 
 def test_only_the_small_requests_xla_runs_are_warmed_up_and_padded(model, tokenizer, tmp_path):
     """With `xla_max_batch_size`, the warm-up requests hold that many rows at
-    most, and TF Serving's batching pads no merged batch (larger ones run
-    without XLA at their own size)."""
+    most, on the finer grid (1, 2, 4: a CPU's steps grow with their rows), and
+    TF Serving's batching pads no merged batch (larger ones run without XLA at
+    their own size)."""
     translator = serving.Translator(model, tokenizer, jit_compile=True, max_batch_size=16,
                                     max_input_length=20, beam_sizes=(4,), xla_max_batch_size=4)
-    assert (translator.batch_sizes, translator.source_lengths) == ((1, 4), (16, 20))
+    assert (translator.batch_sizes, translator.source_lengths) == ((1, 2, 4), (16, 20))
     requests = serving_shapes.warmup_requests(translator, SENTENCES)
-    assert sorted({len(inputs["text"]) for _, inputs in requests}) == [1, 4]
-    assert len(requests) == 2 * 2
+    assert sorted({len(inputs["text"]) for _, inputs in requests}) == [1, 2, 4]
+    assert len(requests) == 3 * 2
+    for rows in (1, 2, 3, 4):  # padded to the grid
+        source_ids, _, _ = serving_shapes.padded_request(
+            translator, True, tokenizer.tokenize(tf.constant(SENTENCES[:rows])),
+            tf.fill([rows], 3), tf.constant(50))
+        assert source_ids.shape[0] == {1: 1, 2: 2, 3: 4, 4: 4}[rows]
     _, batching = saved_model.write_model_server_files(str(tmp_path / "export"), translator)
     with open(batching) as f:
         text = f.read()
@@ -89,7 +97,7 @@ print(json.dumps({"after_warmup": after_warmup,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("xla_max_batch_size,batch_sizes", [(None, (1, 4, 5)), (4, (1, 4))])
+@pytest.mark.parametrize("xla_max_batch_size,batch_sizes", [(None, (1, 4, 5)), (4, (1, 2, 4))])
 def test_no_live_request_compiles_after_the_warm_up(model, tokenizer, tmp_path,
                                                      xla_max_batch_size, batch_sizes):
     """All requests through XLA, or those of up to 4 sentences (5 run the graph)."""
@@ -120,7 +128,7 @@ def test_no_live_request_compiles_after_the_warm_up(model, tokenizer, tmp_path,
                             env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     counts = json.loads(result.stdout.strip().splitlines()[-1])
-    # One program per padded shape (3 x 2, or 2 x 2), all compiled at load; none after.
+    # One program per padded shape (3 x 2 either way), all compiled at load; none after.
     programs = len(batch_sizes) * 2
     assert counts["after_warmup"] == programs and counts["after_requests"] == programs, counts
     # And the padded XLA search translates as the in-memory graph-mode one.
