@@ -224,9 +224,9 @@ class Translator(tf.Module):
         self.xla_small_requests_only = (self.jit_compile
                                         and self.xla_max_batch_size < self.max_batch_size)
         # XLA's padded request shapes (serving_shapes); none without XLA.
-        self.batch_sizes = (serving_shapes.batch_sizes(self.xla_max_batch_size, (
-            serving_shapes.SMALL_BATCH_GROWTH if self.xla_small_requests_only
-            else serving_shapes.BATCH_GROWTH)) if jit_compile else ())
+        self.batch_sizes = (serving_shapes.batch_sizes(self.xla_max_batch_size,
+                                                       self.xla_small_requests_only)
+                            if jit_compile else ())
         self.source_lengths = (serving_shapes.source_lengths(max_input_length)
                                if jit_compile else ())
         self.use_cache = bool(use_cache)

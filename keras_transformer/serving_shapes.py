@@ -30,8 +30,10 @@ SOURCE_GROWTH = 2
 SOURCE_LENGTH_GRANULARITY = 8
 
 
-def batch_sizes(max_batch_size, growth=BATCH_GROWTH):
-    """The padded batch sizes: powers of `growth`, then `max_batch_size`."""
+def batch_sizes(max_batch_size, small_requests_only=False):
+    """The padded batch sizes: powers of `BATCH_GROWTH` (`SMALL_BATCH_GROWTH` for an
+    export that runs only small requests through XLA), then `max_batch_size`."""
+    growth = SMALL_BATCH_GROWTH if small_requests_only else BATCH_GROWTH
     return _grid(1, growth, max_batch_size)
 
 
