@@ -230,7 +230,7 @@ def ctranslate2_engine(model, tokenizer, options, compute_type, device, director
 def engines(model, tokenizer, options, args, directory):
     """(name, factory) of each engine to time; a factory builds it when called."""
     small = args.xla_max_batch_size
-    jit_compile = hardware.decoding_jit_compile(args.jit_compile) or small is not None
+    jit_compile = hardware.decoding_jit_compile(args.jit_compile, small)
     suffix = "" if not jit_compile else "_xla" if small is None else f"_xla_up_to_{small}"
     listed = [(f"ours_{precision}{suffix}",
                lambda p=precision: ours(model, tokenizer, options, p, jit_compile, small,

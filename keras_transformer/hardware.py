@@ -144,11 +144,14 @@ def resolve(config, device):
     return resolved, line
 
 
-def decoding_jit_compile(setting):
+def decoding_jit_compile(setting, xla_max_batch_size=None):
     """Whether an export's beam search is compiled with XLA: `setting` "on",
-    "off", or "auto" (on when TensorFlow sees a GPU)."""
+    "off", or "auto" (on when TensorFlow sees a GPU, or when `xla_max_batch_size`
+    asks XLA for small requests, also on a CPU)."""
     if setting not in JIT_COMPILE:
         raise ValueError(f"jit_compile must be auto, on or off. Received: {setting!r}")
+    if setting == AUTO and xla_max_batch_size is not None:
+        return True
     if setting == AUTO:
         import tensorflow as tf
 

@@ -61,6 +61,8 @@ def test_reduced_scores_are_float32_and_close(model, tokenizer, float32_scores, 
 def test_decoding_jit_compile_auto_follows_the_gpu():
     assert hardware.decoding_jit_compile("auto") == bool(tf.config.list_physical_devices("GPU"))
     assert hardware.decoding_jit_compile("on") and not hardware.decoding_jit_compile("off")
+    # XLA for small requests (export --xla-max-batch-size) turns auto on, also on a CPU.
+    assert hardware.decoding_jit_compile("auto", 4) and hardware.decoding_jit_compile("on", 4)
     with pytest.raises(ValueError, match="jit_compile must be auto, on or off"):
         hardware.decoding_jit_compile("yes")
 

@@ -64,9 +64,9 @@ def parse_args(argv, prog=PROG):
                              "enable XLA JIT); auto: on when a GPU is visible")
     parser.add_argument("--xla-max-batch-size", type=int, default=None,
                         help="XLA (also with --jit-compile auto on a CPU) for requests of at "
-                             "most this many sentences, larger ones without (on a CPU: 4 for XLA's "
-                             "latency at 1 to 4 sentences, 2x to 3.5x faster here, and the "
-                             "graph's throughput); default: all")
+                             "most this many sentences, larger ones without (on a CPU: 4 for "
+                             "XLA's latency at 1 to 4 sentences, 2x to 3.5x faster here, and "
+                             "the graph's throughput); default: all")
     parser.add_argument("--precision", choices=("float32", "bfloat16", "float16"),
                         default="float32",
                         help="the weights' and matrix multiplies' type (softmax, layer "
@@ -121,8 +121,7 @@ def main(argv=None, prog=PROG):
             extra_length=args.extra_length, max_input_length=args.max_input_length,
             beam_sizes=args.beam_sizes, max_batch_size=args.max_batch_size,
             max_input_chars=args.max_input_chars,
-            jit_compile=(hardware.decoding_jit_compile(args.jit_compile)
-                         or args.xla_max_batch_size is not None),
+            jit_compile=hardware.decoding_jit_compile(args.jit_compile, args.xla_max_batch_size),
             xla_max_batch_size=args.xla_max_batch_size,
         )
         warmup = saved_model.WARMUP_TEXTS
