@@ -1,0 +1,1 @@
+taskset -c 1 python benchmarks/input_pipeline.py
