@@ -1,10 +1,12 @@
 """Tests of export.py, translate.py and evaluate.py as a user runs them (subprocesses)."""
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
+import sacrebleu
 
 from tests.translation_fixtures import SENTENCES
 from tests.translation_fixtures import make_model
@@ -87,14 +89,87 @@ def test_export_translate_evaluate(run_dir, tmp_path):
     result = run("translate.py", "--export", out, source, "--beam-size", "3")
     assert_one_line_error(result, "translate.py", "beam_size must be one of [4]")
 
+    # References that are not the sources: scored against the wrong column, BLEU differs.
+    references = tmp_path / "references.txt"
+    targets = [line if i % 2 else SENTENCES[i] for i, line in enumerate(lines)]
+    references.write_text("\n".join(targets) + "\n", encoding="utf-8")
+    expected = sacrebleu.corpus_bleu(lines, [targets])
+    assert expected.score != sacrebleu.corpus_bleu(lines, [source.read_text().splitlines()]).score
     hypotheses = tmp_path / "hypotheses.txt"
-    result = run("evaluate.py", "--export", out, "--src", source, "--ref", source,
+    result = run("evaluate.py", "--export", out, "--src", source, "--ref", references,
                  "--no-progress", "--output", hypotheses)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("sacreBLEU: BLEU = ")
+    assert result.stdout.startswith(f"sacreBLEU: {expected}\n")
+    intl = sacrebleu.corpus_bleu(lines, [targets], tokenize="intl").score
+    assert f"tokenized BLEU (paper-style): {intl:.2f}\n" in result.stdout
     assert "signature: nrefs:1|case:mixed|eff:no|tok:13a" in result.stdout
     assert "tokenized BLEU (paper-style)" in result.stdout and "tok:intl" in result.stdout
     assert hypotheses.read_text(encoding="utf-8").split("\n")[:-1] == lines
+
+
+@pytest.fixture(scope="module")
+def run_translator(run_dir):
+    """run_dir's translator, loaded once: each load would trace its searches again."""
+    from keras_transformer import serving
+
+    return serving.Translator.from_run(run_dir, beam_sizes=(1, 4))
+
+
+def _main(module, monkeypatch, capsys, *flags, translator=None):
+    """A command's main() in this process (no TensorFlow start-up), its stdout;
+    --verbose keeps stderr as it is, the environment is restored afterwards. With
+    `translator`, the command's --run loads that one (see run_translator)."""
+    from keras_transformer import evaluation
+
+    for name in ("TF_ENABLE_ONEDNN_OPTS", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"):
+        monkeypatch.setenv(name, os.environ.get(name, "1"))
+    if translator is not None:
+        def load_translator(export, run, weights="averaged", **options):
+            assert (export, weights) == (None, "averaged") and os.path.isdir(run)
+            return translator
+
+        monkeypatch.setattr(evaluation, "load_translator", load_translator)
+    capsys.readouterr()
+    assert module.main([*map(str, flags), "--verbose"]) == 0, capsys.readouterr().err
+    return capsys.readouterr().out
+
+
+def test_evaluate_scores_the_reference_column_and_writes_the_output(
+        run_dir, run_translator, tmp_path, monkeypatch, capsys):
+    """evaluate --src/--ref and --test FILE.tsv: the BLEU printed is sacreBLEU's of
+    the translations written with --output against the references, not the sources."""
+    from keras_transformer.cli import evaluate
+    from keras_transformer.cli import translate
+
+    sources = SENTENCES
+    source = tmp_path / "source.txt"
+    source.write_text("\n".join(sources) + "\n", encoding="utf-8")
+    decoding = ["--beam-size", "1", "--extra-length", "4", "--batch-size", "3"]
+    translations = tmp_path / "translations.txt"
+    _main(translate, monkeypatch, capsys, "--run", run_dir, source, "--output", translations,
+          *decoding, translator=run_translator)
+    lines = translations.read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(lines) == len(sources)
+    targets = [line if i % 2 else sources[(i + 1) % len(sources)]
+               for i, line in enumerate(lines)]
+    expected = sacrebleu.corpus_bleu(lines, [targets])
+    assert 0 < expected.score < 100
+    assert expected.score != sacrebleu.corpus_bleu(lines, [sources]).score
+    references = tmp_path / "references.txt"
+    references.write_text("\n".join(targets) + "\n", encoding="utf-8")
+    tsv = tmp_path / "test.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in zip(sources, targets)), encoding="utf-8")
+
+    for corpus in (["--src", source, "--ref", references], ["--test", tsv]):
+        output = tmp_path / "hypotheses.txt"
+        scores = json.loads(_main(evaluate, monkeypatch, capsys, "--run", run_dir, *corpus,
+                                  *decoding, "--output", output, "--json", "--no-progress",
+                                  translator=run_translator))
+        assert output.read_text(encoding="utf-8").split("\n")[:-1] == lines
+        assert scores["bleu"] == expected.score
+        assert scores["tokenized_bleu"] == sacrebleu.corpus_bleu(
+            lines, [targets], tokenize="intl").score
+        assert scores["sentences"] == len(sources)
 
 
 def test_evaluate_reads_corpora_as_train_does(tmp_path):

@@ -114,6 +114,33 @@ def test_evaluate_a_corpus(translator):
     np.testing.assert_allclose(as_list["bleu"], result["bleu"])
 
 
+def _references_unlike_the_sources(hypotheses):
+    """References that are not the sources: every other one the hypothesis itself,
+    the rest a sentence of another line, so that BLEU against them is neither 0
+    nor 100 and differs from BLEU against the sources."""
+    return [hypothesis if i % 2 == 0 else SENTENCES[(i + 1) % len(SENTENCES)]
+            for i, hypothesis in enumerate(hypotheses)]
+
+
+@pytest.mark.parametrize("as_dataset", [True, False], ids=["dataset", "list"])
+def test_evaluate_scores_against_the_targets(translator, as_dataset):
+    """BLEU is sacreBLEU's of the hypotheses against the target column, not the sources."""
+    hypotheses = evaluation.translate_sentences(translator, SENTENCES, beam_size=1)
+    targets = _references_unlike_the_sources(hypotheses)
+    expected = sacrebleu.corpus_bleu(hypotheses, [targets])
+    against_sources = sacrebleu.corpus_bleu(hypotheses, [SENTENCES])
+    assert 0 < expected.score < 100 and expected.score != against_sources.score
+    pairs = list(zip(SENTENCES, targets))
+    if as_dataset:
+        pairs = tf.data.Dataset.from_tensor_slices({"source": SENTENCES, "target": targets})
+    result = evaluation.evaluate(translator, pairs, batch_size=3, beam_size=1)
+    assert result["hypotheses"] == hypotheses
+    assert result["bleu"] == expected.score
+    assert result["tokenized_bleu"] == sacrebleu.corpus_bleu(
+        hypotheses, [targets], tokenize="intl").score
+    assert result["text"] == str(expected)
+
+
 def test_load_translator_from_a_run_and_errors(tmp_path, tokenizer):
     run = make_run_dir(tmp_path / "run", tokenizer, make_model(tokenizer.vocab_size))
     translator = evaluation.load_translator(run=run, beam_sizes=(4,))
