@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import h5py
 import keras
 import numpy as np
 import pytest
@@ -42,6 +43,42 @@ def _train(args, wait=True, capture=False, **environment):
         output = subprocess.PIPE if capture else subprocess.DEVNULL
         return subprocess.Popen(command, env=env, stdout=output, stderr=output, text=True)
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+
+
+def _model_weights(path):
+    """`{dataset path: array}` of a .weights.h5 file's model weights (no optimizer)."""
+    weights = {}
+
+    def visit(name, item):
+        if isinstance(item, h5py.Dataset) and not name.startswith("optimizer/"):
+            weights[name] = item[()]
+
+    with h5py.File(path, "r") as f:
+        f.visititems(visit)
+    return weights
+
+
+def assert_mean_of(averaged_path, checkpoint_paths, last):
+    """The averaged file holds the float64 mean of exactly the `last` newest
+    checkpoints, weight by weight, and differs from the mean of any other window."""
+    averaged = _model_weights(averaged_path)
+    checkpoints = [_model_weights(path) for path in checkpoint_paths]
+    assert averaged and all(set(c) == set(averaged) for c in checkpoints)
+
+    def mean(window):
+        return {name: np.mean([c[name].astype(np.float64) for c in window], axis=0)
+                for name in averaged}
+
+    expected = mean(checkpoints[-last:])
+    for name, value in averaged.items():
+        # Rounded once to float32 from the float64 mean: within half an ulp.
+        np.testing.assert_allclose(value, expected[name], rtol=2.0 ** -24, atol=0, err_msg=name)
+    for start in range(len(checkpoints)):
+        for stop in range(start + 1, len(checkpoints) + 1):
+            if (start, stop) != (len(checkpoints) - last, len(checkpoints)):
+                other = mean(checkpoints[start:stop])
+                assert any(not np.allclose(averaged[n], other[n], rtol=1e-6, atol=0)
+                           for n in averaged), (start, stop)
 
 
 @pytest.mark.parametrize(
@@ -129,7 +166,11 @@ def test_any_step_count_model_flags_and_resume_checks(tmp_path):
              "--d-ff", "64", "--norm-first"]
     result = _train([*QUICK, *shape, "--steps", "5", "--out", run])
     assert result.returncode == 0, result.stderr
-    assert [step for step, _ in list_checkpoints(os.path.join(run, "checkpoints"))] == [2, 4, 5]
+    checkpoints = list_checkpoints(os.path.join(run, "checkpoints"))
+    assert [step for step, _ in checkpoints] == [2, 4, 5]
+    # --average-last 2: the mean of checkpoints 4 and 5, read from the files with h5py.
+    assert_mean_of(os.path.join(run, runs.AVERAGED_WEIGHTS), [path for _, path in checkpoints],
+                   last=2)
     with open(os.path.join(run, "config.json")) as f:
         saved = json.load(f)
     assert {k: saved["model"][k] for k in ("num_layers", "d_model", "num_heads", "d_ff",
