@@ -1,7 +1,7 @@
 """The device a run trains on, and the settings that fit it (`--precision auto`,
 `--jit-compile auto`, `--length-buckets 0`).
 
-What `auto` picks, and why (figures from README, "Training on a GPU"):
+What `auto` picks, and why (figures in docs/gpu-and-distribution.md):
 - GPUs and TPUs: XLA, since without it the base model's step was 2.7x slower on an
   H100 (0.271 s against 0.100 s in float32); mixed_bfloat16 where the device has
   bfloat16 (TPUs, NVIDIA compute capability 8.0 and later: 1.75x float32's step

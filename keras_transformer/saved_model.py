@@ -135,16 +135,16 @@ def write_model_server_files(export_dir, translator, model_name=None, base_path=
     into `export_dir` (the server ignores what is not a version directory).
 
     `models.config` serves `export_dir` as `model_name` (default: its base name)
-    from `base_path` (default: `/models/<model_name>`, where the README's docker
-    command mounts it). `batching_parameters.txt` lets the server merge requests
-    into batches of at most the translator's `max_batch_size` (a larger merged
-    batch would be refused by the export's own limit), waiting at most
-    `batch_timeout_micros`, on `num_batch_threads` threads (default: this
-    machine's cores). The server's batching needs every input of a signature to
-    have a batch dimension: with `--enable_batching`, call `serving_default`
-    (text only), not `translate` with its scalar knobs. For an XLA export, the
-    server pads merged batches to the export's padded batch sizes
-    (`allowed_batch_sizes`), unless only small requests run XLA.
+    from `base_path` (default: `/models/<model_name>`, where the docker command
+    of docs/export-and-serving.md mounts it). `batching_parameters.txt` lets the
+    server merge requests into batches of at most the translator's
+    `max_batch_size` (a larger merged batch would be refused by the export's own
+    limit), waiting at most `batch_timeout_micros`, on `num_batch_threads`
+    threads (default: this machine's cores). The server's batching needs every
+    input of a signature to have a batch dimension: with `--enable_batching`,
+    call `serving_default` (text only), not `translate` with its scalar knobs.
+    For an XLA export, the server pads merged batches to the export's padded
+    batch sizes (`allowed_batch_sizes`), unless only small requests run XLA.
 
     Returns:
         The paths of the two files.

@@ -1,7 +1,7 @@
 """Training pieces: precision, compile, the fit loop, checkpoints, averaging, callbacks.
 
 `train.py` reads top to bottom over these; users of `model.fit` in their own
-scripts use them directly (see the README).
+scripts use them directly (see docs/library.md).
 """
 
 import glob

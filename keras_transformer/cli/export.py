@@ -151,7 +151,7 @@ def main(argv=None, prog=PROG):
     print(f"  saved_model_cli show --dir {path} --all")
     print(f"  TF Serving: --model_config_file={os.path.basename(server_files[0])} "
           f"--enable_batching --batching_parameters_file={os.path.basename(server_files[1])} "
-          f"(both in {args.out}; see README)")
+          f"(both in {args.out}; see docs/export-and-serving.md)")
     return 0
 
 
