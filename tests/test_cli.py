@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import sacrebleu
+import tensorflow as tf
 
 from tests.translation_fixtures import SENTENCES
 from tests.translation_fixtures import make_model
@@ -60,8 +61,13 @@ def test_a_directory_that_is_not_a_run(tmp_path):
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tokenizer):
-    path = tmp_path_factory.mktemp("cli") / "run"
-    return make_run_dir(path, tokenizer, make_model(tokenizer.vocab_size))
+    """A run whose final model (seed 1) is not its averaged weights (seed 0)."""
+    from keras_transformer import runs
+
+    path = make_run_dir(tmp_path_factory.mktemp("cli") / "run", tokenizer,
+                        make_model(tokenizer.vocab_size))
+    make_model(tokenizer.vocab_size, seed=1).save(os.path.join(path, runs.FINAL_MODEL))
+    return path
 
 
 @pytest.mark.slow
@@ -107,35 +113,60 @@ def test_export_translate_evaluate(run_dir, tmp_path):
     assert hypotheses.read_text(encoding="utf-8").split("\n")[:-1] == lines
 
 
+class Recording:
+    """A translator that records the decoding settings of each call."""
+
+    def __init__(self, translator):
+        self.translator, self.calls = translator, []
+
+    def translate(self, text, **knobs):
+        self.calls.append({name: value.numpy().item() for name, value in knobs.items()})
+        return self.translator.translate(text, **knobs)
+
+
 @pytest.fixture(scope="module")
-def run_translator(run_dir):
-    """run_dir's translator, loaded once: each load would trace its searches again."""
+def run_translators(run_dir):
+    """run_dir's translators by --weights, loaded once: each load would trace its
+    searches again."""
     from keras_transformer import serving
 
-    return serving.Translator.from_run(run_dir, beam_sizes=(1, 4))
+    return {weights: serving.Translator.from_run(run_dir, weights, beam_sizes=(1, 4))
+            for weights in ("averaged", "final")}
 
 
-def _main(module, monkeypatch, capsys, *flags, translator=None):
+def _main(module, monkeypatch, capsys, *flags, translators=None):
     """A command's main() in this process (no TensorFlow start-up), its stdout;
     --verbose keeps stderr as it is, the environment is restored afterwards. With
-    `translator`, the command's --run loads that one (see run_translator)."""
+    `translators`, the command's --run loads the one of its --weights (see
+    run_translators), wrapped in a `Recording`, returned with the output."""
     from keras_transformer import evaluation
 
     for name in ("TF_ENABLE_ONEDNN_OPTS", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"):
         monkeypatch.setenv(name, os.environ.get(name, "1"))
-    if translator is not None:
+    loaded = []
+    if translators is not None:
         def load_translator(export, run, weights="averaged", **options):
-            assert (export, weights) == (None, "averaged") and os.path.isdir(run)
-            return translator
+            assert export is None and os.path.isdir(run)
+            loaded.append(Recording(translators[weights]))
+            return loaded[-1]
 
         monkeypatch.setattr(evaluation, "load_translator", load_translator)
     capsys.readouterr()
     assert module.main([*map(str, flags), "--verbose"]) == 0, capsys.readouterr().err
-    return capsys.readouterr().out
+    out = capsys.readouterr().out
+    return (out, loaded[0]) if translators is not None else out
+
+
+def _translations(translator, sentences, **knobs):
+    """`translator.translate`'s translations, its knobs given as Python values."""
+    dtypes = dict(beam_size=tf.int32, alpha=tf.float32, extra_length=tf.int32)
+    outputs = translator.translate(
+        tf.constant(sentences), **{k: tf.constant(v, dtypes[k]) for k, v in knobs.items()})
+    return [t.decode() for t in outputs["translation"].numpy()]
 
 
 def test_evaluate_scores_the_reference_column_and_writes_the_output(
-        run_dir, run_translator, tmp_path, monkeypatch, capsys):
+        run_dir, run_translators, tmp_path, monkeypatch, capsys):
     """evaluate --src/--ref and --test FILE.tsv: the BLEU printed is sacreBLEU's of
     the translations written with --output against the references, not the sources."""
     from keras_transformer.cli import evaluate
@@ -147,7 +178,7 @@ def test_evaluate_scores_the_reference_column_and_writes_the_output(
     decoding = ["--beam-size", "1", "--extra-length", "4", "--batch-size", "3"]
     translations = tmp_path / "translations.txt"
     _main(translate, monkeypatch, capsys, "--run", run_dir, source, "--output", translations,
-          *decoding, translator=run_translator)
+          *decoding, translators=run_translators)
     lines = translations.read_text(encoding="utf-8").split("\n")[:-1]
     assert len(lines) == len(sources)
     targets = [line if i % 2 else sources[(i + 1) % len(sources)]
@@ -162,14 +193,76 @@ def test_evaluate_scores_the_reference_column_and_writes_the_output(
 
     for corpus in (["--src", source, "--ref", references], ["--test", tsv]):
         output = tmp_path / "hypotheses.txt"
-        scores = json.loads(_main(evaluate, monkeypatch, capsys, "--run", run_dir, *corpus,
-                                  *decoding, "--output", output, "--json", "--no-progress",
-                                  translator=run_translator))
+        out, _ = _main(evaluate, monkeypatch, capsys, "--run", run_dir, *corpus, *decoding,
+                       "--output", output, "--json", "--no-progress", translators=run_translators)
+        scores = json.loads(out)
         assert output.read_text(encoding="utf-8").split("\n")[:-1] == lines
         assert scores["bleu"] == expected.score
         assert scores["tokenized_bleu"] == sacrebleu.corpus_bleu(
             lines, [targets], tokenize="intl").score
         assert scores["sentences"] == len(sources)
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_decoding_flags_and_weights_reach_the_search(
+        command, run_dir, run_translators, tmp_path, monkeypatch, capsys):
+    """--beam-size, --alpha, --extra-length and --weights: each call of the search
+    gets the flag's value, and the lines written are that search's translations."""
+    import importlib
+
+    module = importlib.import_module(f"keras_transformer.cli.{command}")
+    sources = SENTENCES[:3]
+    source = tmp_path / "source.txt"
+    source.write_text("\n".join(sources) + "\n", encoding="utf-8")
+    output = tmp_path / "output.txt"
+    corpus = ([source] if command == "translate"
+              else ["--src", source, "--ref", source, "--no-progress"])
+    got = {}
+    for flags, weights, knobs in [
+        (["--extra-length", "3"], "averaged", dict(extra_length=3)),
+        (["--extra-length", "3", "--beam-size", "1"], "averaged",
+         dict(extra_length=3, beam_size=1)),
+        (["--extra-length", "3", "--alpha", "1.5"], "averaged", dict(extra_length=3, alpha=1.5)),
+        (["--extra-length", "3", "--weights", "final"], "final", dict(extra_length=3)),
+    ]:
+        _, recording = _main(module, monkeypatch, capsys, "--run", run_dir, *corpus,
+                             "--output", output, *flags, translators=run_translators)
+        assert recording.translator is run_translators[weights]
+        assert recording.calls and all(call == knobs for call in recording.calls), flags
+        lines = output.read_text(encoding="utf-8").split("\n")[:-1]
+        assert lines == _translations(run_translators[weights], sources, **knobs), flags
+        got[" ".join(flags)] = lines
+    # The flags that should change these translations do.
+    assert got["--extra-length 3 --beam-size 1"] != got["--extra-length 3"]
+    assert got["--extra-length 3 --weights final"] != got["--extra-length 3"]
+
+
+def test_evaluate_a_tfds_corpus_in_the_chosen_direction(
+        run_dir, run_translators, tmp_path, monkeypatch, capsys):
+    """--test tfds:NAME --split --source-language --target-language (TFDS's mock
+    data: nothing is downloaded)."""
+    import tensorflow_datasets as tfds
+
+    from keras_transformer.cli import evaluate
+
+    output = tmp_path / "hypotheses.txt"
+    with tfds.testing.mock_data(num_examples=3):
+        examples = list(tfds.load("wmt14_translate/de-en", split="validation")
+                        .as_numpy_iterator())
+        out, _ = _main(evaluate, monkeypatch, capsys, "--run", run_dir,
+                       "--test", "tfds:wmt14_translate/de-en", "--split", "validation",
+                       "--source-language", "de", "--target-language", "en",
+                       "--extra-length", "2", "--beam-size", "1",
+                       "--output", output, "--json", "--no-progress",
+                       translators=run_translators)
+    sources = [e["de"].decode() for e in examples]
+    references = [e["en"].decode() for e in examples]
+    hypotheses = output.read_text(encoding="utf-8").split("\n")[:-1]
+    assert hypotheses == _translations(run_translators["averaged"], sources, extra_length=2,
+                                       beam_size=1)
+    scores = json.loads(out)
+    assert scores["sentences"] == 3
+    assert scores["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references]).score
 
 
 def test_evaluate_reads_corpora_as_train_does(tmp_path):
