@@ -254,6 +254,21 @@ def test_bad_knobs_are_answered_with_an_error(translator, knobs, message):
         translator.translate(tf.constant(SENTENCES[:1]), **knobs)
 
 
+def test_request_limits_admit_exactly_their_value(model, tokenizer):
+    """max_batch_size sentences and max_input_chars characters pass; one more is refused."""
+    limited = serving.Translator(model, tokenizer, extra_length=2, beam_size=1, beam_sizes=(1,),
+                                 max_batch_size=3, max_input_chars=12)
+    at_the_limits = ["é" * 12, "Hi.", "Ok."]  # 24 bytes: characters count, not bytes
+    assert len(_strings(limited.translate(tf.constant(at_the_limits))["translation"])) == 3
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_batch_size=3"):
+        limited.translate(tf.constant([*at_the_limits, "Hi."]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_input_chars=12"):
+        limited.translate(tf.constant(["é" * 13]))
+    assert limited.translate_ids(tf.constant([[5, 6]] * 3))["ids"].shape[0] == 3
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_batch_size=3"):
+        limited.translate_ids(tf.constant([[5, 6]] * 4))
+
+
 def test_ids_outside_the_vocabulary_are_answered_with_an_error(translator, tokenizer):
     with pytest.raises(tf.errors.InvalidArgumentError, match="ids must be < vocab_size"):
         translator.translate_ids(tf.constant([[tokenizer.vocab_size]], tf.int32))
