@@ -215,11 +215,11 @@ _PRESETS = {
     "d_ls0.2": dict(label_smoothing=0.2),
     # (E) learned positional embeddings instead of sinusoids.
     "e_learned": dict(positional_encoding="learned"),
-    # For the best BLEU per CPU-minute on 2 CPU cores (README, "Recipes"): cpu-small
+    # For the best BLEU per CPU-minute on 2 CPU cores (docs/cpu-recipes.md): cpu-small
     # up to 30 CPU-minutes, cpu-medium up to 90, cpu-large beyond.
     "cpu-small": dict(num_layers=1, d_model=256, d_ff=1024, num_heads=4),
     # Deeper stacks pre-norm: at these budgets' learning rates a post-norm stack of 3
-    # layers learned little in 300 steps (README, "Why a deeper model failed").
+    # layers learned little in 300 steps (docs/cpu-recipes.md, "Why a deeper model failed").
     "cpu-medium": dict(num_layers=2, d_model=256, d_ff=1024, num_heads=4, norm_first=True),
     "cpu-large": dict(num_layers=3, d_model=256, d_ff=1024, num_heads=4, norm_first=True),
 }
