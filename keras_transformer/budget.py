@@ -1,6 +1,6 @@
 """Training for a time budget: a clock that stops the run once the budget is
 spent, a plan (steps, warm-up, checkpoint interval) made from the times of the
-first steps, so that a short run is not stuck in warm-up (README, "Recipes"),
+first steps, so that a short run is not stuck in warm-up (docs/cpu-recipes.md),
 and the progress line that shows the time against the budget.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 
 CLOCKS = {"wall": time.monotonic, "cpu": time.process_time}
 # A budgeted run averages its checkpoints over this last fraction of its steps, and
-# warms up over this first fraction (README, "Recipes": measured on two corpora).
+# warms up over this first fraction (docs/cpu-recipes.md: measured on two corpora).
 PLANNED_AVERAGE_SPAN = 0.25
 PLANNED_WARMUP_FRACTION = 0.4
 PLANNED_OVERHEAD = 0.1
