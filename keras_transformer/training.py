@@ -17,6 +17,7 @@ import tensorflow as tf
 from keras_transformer import runs
 from keras_transformer.budget import ProgressLine
 from keras_transformer.config import PRECISIONS
+from keras_transformer.data.batching import without_autotuning
 from keras_transformer.distributed import is_chief
 from keras_transformer.durable import write_atomically
 from keras_transformer.losses import LabelSmoothedCrossEntropy
@@ -100,7 +101,7 @@ def fit_by_checkpoints(model, batches, dev_batches, step, last_step, checkpoint_
     """
     losses = []
     last_step = sys.maxsize if last_step is None else last_step
-    dev_batches = _without_autotuning(dev_batches)
+    dev_batches = without_autotuning(dev_batches)
     planned_epochs = math.ceil(planned_steps / checkpoint_every)
     validation_freq = [max(1, planned_epochs // 2), planned_epochs] if budgeted else 1
     for epochs, length in _segments(step, last_step, checkpoint_every, planned_steps):
@@ -120,20 +121,6 @@ def fit_by_checkpoints(model, batches, dev_batches, step, last_step, checkpoint_
         if model.stop_training or stop():
             break
     return losses, step
-
-
-def _without_autotuning(dataset):
-    """`dataset` without tf.data's autotuning thread.
-
-    `fit` keeps each dev pass's iterator until the next pass starts, minutes
-    later, and deleting it then waits for that iterator's autotuning thread to
-    wake from its sleep, which grows to a minute between rounds: a 4.5-minute
-    run sat idle for 20 to 90 s at its second dev pass. The dev set is small
-    and read once a pass, so it does without.
-    """
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return dataset.with_options(options)
 
 
 def _segments(step, last_step, checkpoint_every, planned_steps):

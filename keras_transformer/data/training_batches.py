@@ -29,6 +29,7 @@ from keras_transformer.data.batching import bucket_lengths
 from keras_transformer.data.batching import fit_bucket_lengths
 from keras_transformer.data.batching import pad_batch
 from keras_transformer.data.batching import validate
+from keras_transformer.data.batching import without_autotuning
 
 
 class TrainingBatches:
@@ -149,7 +150,7 @@ class TrainingBatches:
         if accumulate_steps > 1:
             dataset = dataset.window(accumulate_steps, drop_remainder=True).flat_map(
                 lambda inputs, targets: _weigh_group(inputs, targets, accumulate_steps))
-        dataset = dataset.prefetch(tf.data.AUTOTUNE)
+        dataset = without_autotuning(dataset, prefetch=2)
         options = tf.data.Options()
         options.deterministic = True
         # Every worker of a multi-worker run plans the same batches and keeps its
