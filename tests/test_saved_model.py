@@ -22,6 +22,77 @@ from tests.translation_fixtures import strings as _strings
 pytestmark = pytest.mark.keeps_graphs
 
 
+def batching_parameters(path):
+    """A `--batching_parameters_file` parsed as TF Serving parses it: text format
+    of its `tensorflow.serving.BatchingParameters` message, whose definition
+    (tensorflow_serving/servables/tensorflow/session_bundle_config.proto)
+    tensorflow-serving-api does not ship, so it is declared here, field by field.
+    An unknown field or a malformed value raises `text_format.ParseError`."""
+    from google.protobuf import descriptor_pb2
+    from google.protobuf import descriptor_pool
+    from google.protobuf import message_factory
+    from google.protobuf import text_format
+    from google.protobuf import wrappers_pb2
+
+    field = descriptor_pb2.FieldDescriptorProto
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(wrappers_pb2.DESCRIPTOR.serialized_pb)
+    file = descriptor_pb2.FileDescriptorProto(
+        name="tensorflow_serving/servables/tensorflow/session_bundle_config.proto",
+        package="tensorflow.serving", dependency=["google/protobuf/wrappers.proto"],
+        syntax="proto3")
+    message = file.message_type.add(name="BatchingParameters")
+    for number, name, wrapper in [(1, "max_batch_size", "Int64Value"),
+                                  (2, "batch_timeout_micros", "Int64Value"),
+                                  (3, "max_enqueued_batches", "Int64Value"),
+                                  (4, "num_batch_threads", "Int64Value"),
+                                  (5, "thread_pool_name", "StringValue")]:
+        message.field.add(name=name, number=number, type=field.TYPE_MESSAGE,
+                          label=field.LABEL_OPTIONAL, type_name=f".google.protobuf.{wrapper}")
+    message.field.add(name="allowed_batch_sizes", number=6, type=field.TYPE_INT64,
+                      label=field.LABEL_REPEATED)
+    message.field.add(name="pad_variable_length_inputs", number=7, type=field.TYPE_BOOL,
+                      label=field.LABEL_OPTIONAL)
+    pool.Add(file)
+    cls = message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("tensorflow.serving.BatchingParameters"))
+    with open(path) as f:
+        return text_format.Parse(f.read(), cls())
+
+
+def model_server_config(path):
+    """A `--model_config_file` parsed as TF Serving parses it."""
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    with open(path) as f:
+        return text_format.Parse(f.read(), model_server_config_pb2.ModelServerConfig())
+
+
+@pytest.mark.parametrize("small_requests_only, allowed", [(False, [1, 4, 16]), (True, [])])
+def test_model_server_files_parse_as_tf_serving_reads_them(small_requests_only, allowed,
+                                                           tmp_path):
+    import types
+
+    translator = types.SimpleNamespace(max_batch_size=16, batch_sizes=(1, 4, 16),
+                                       xla_small_requests_only=small_requests_only)
+    config_path, batching_path = saved_model.write_model_server_files(
+        str(tmp_path / "exports" / "demo"), translator, batch_timeout_micros=700,
+        num_batch_threads=3)
+    [entry] = model_server_config(config_path).model_config_list.config
+    assert (entry.name, entry.base_path, entry.model_platform) == (
+        "demo", "/models/demo", "tensorflow")
+    batching = batching_parameters(batching_path)
+    assert (batching.max_batch_size.value, batching.batch_timeout_micros.value,
+            batching.num_batch_threads.value, batching.max_enqueued_batches.value) == (
+        16, 700, 3, 100)
+    assert list(batching.allowed_batch_sizes) == allowed
+    named, _ = saved_model.write_model_server_files(
+        str(tmp_path / "other"), translator, model_name="wmt", base_path="/srv/wmt")
+    [entry] = model_server_config(named).model_config_list.config
+    assert (entry.name, entry.base_path) == ("wmt", "/srv/wmt")
+
+
 @pytest.fixture(scope="module")
 def export_path(tmp_path_factory, translator):
     """One export, checked in a separate process by `export_translator` itself."""
@@ -148,9 +219,6 @@ def test_existing_version_is_not_overwritten(export_path, translator):
 
 @pytest.mark.slow
 def test_request_limits_are_refused_before_any_work(tmp_path, model, tokenizer):
-    from google.protobuf import text_format
-    from tensorflow_serving.config import model_server_config_pb2
-
     limited = serving.Translator(model, tokenizer, extra_length=EXTRA_LENGTH, beam_sizes=(1, 4),
                                  max_batch_size=4, max_input_chars=40)
     with pytest.raises(ValueError, match="warm-up sentences must fit the request limits"):
@@ -180,13 +248,10 @@ def test_request_limits_are_refused_before_any_work(tmp_path, model, tokenizer):
     assert _strings(huge["translation"]) == _strings(capped["translation"])
 
     config_path, batching_path = saved_model.write_model_server_files(export_dir, limited)
-    config = text_format.Parse(open(config_path).read(),
-                               model_server_config_pb2.ModelServerConfig())
-    [entry] = config.model_config_list.config
+    [entry] = model_server_config(config_path).model_config_list.config
     assert (entry.name, entry.base_path, entry.model_platform) == (
         "limited", "/models/limited", "tensorflow")
-    batching = open(batching_path).read()
-    assert "max_batch_size { value: 4 }" in batching
+    assert batching_parameters(batching_path).max_batch_size.value == 4
     assert saved_model.next_version(export_dir) == 2  # the server ignores the two files
 
 
