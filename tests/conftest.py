@@ -4,6 +4,9 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+# With CI_NO_SKIPS=1 (CI), a skip other than for missing hardware fails the session.
+pytest_plugins = ["tests.skip_check"]
+
 import keras  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402

@@ -5,16 +5,16 @@ import os
 import subprocess
 import sys
 
+import ctranslate2  # the test extra's: CI runs this independent engine's checks
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_transformer import ctranslate2_model
 from keras_transformer import serving
 from tests.translation_fixtures import SENTENCES
 from tests.translation_fixtures import make_model
 
-ctranslate2 = pytest.importorskip("ctranslate2")
-ctranslate2_model = pytest.importorskip("keras_transformer.ctranslate2_model")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

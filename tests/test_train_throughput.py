@@ -2,7 +2,6 @@
 the FLOP count as pure functions, and the scripts' JSON (speed targets are met in
 benchmark runs, never in tests)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -167,13 +166,7 @@ def test_forward_flops_closed_form():
 
 
 # === The comparator's model (fast; in a subprocess, so that PyTorch and TensorFlow
-# never share a process) ===
-
-
-def needs_torch():
-    """Skips without PyTorch (not a dependency), without importing it here."""
-    if importlib.util.find_spec("torch") is None:
-        pytest.skip("PyTorch is not installed (pip install torch)")
+# never share a process). PyTorch is in the test extra, so CI runs these. ===
 
 
 def run_torch_code(code):
@@ -187,7 +180,6 @@ def run_torch_code(code):
 
 
 def test_torch_model_has_our_parameter_count():
-    needs_torch()
     counts = run_torch_code("""
         import torch_transformer
         from keras_transformer.config import TransformerConfig
@@ -211,7 +203,6 @@ def test_torch_model_has_our_parameter_count():
 
 
 def test_torch_compile_failure_is_reported():
-    needs_torch()
     report = run_torch_code("""
         import io, contextlib
         import torch_transformer
@@ -301,7 +292,6 @@ def test_train_throughput_real_batches():
 def test_compare_torch_adds_speedup():
     """The comparator in its own process at the tiny shape, eager float32 (one thread:
     on a CPU that other processes load, OpenMP's threads can stall each other)."""
-    needs_torch()
     report = run_script(os.path.join(BENCHMARKS, "train_throughput.py"),
                         "--model", "tiny", "--vocab-size", "300", "--batch-size", "8",
                         "--length", "16", "--warmup-steps", "1", "--steps", "3",

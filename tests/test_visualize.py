@@ -44,7 +44,6 @@ def test_weights_of_a_sentence_pair(tokenizer):
 
 
 def test_heatmap_png(tokenizer, tmp_path):
-    pytest.importorskip("matplotlib")
     model = make_model(tokenizer.vocab_size)
     attention = visualize.cross_attention_weights(
         model, tokenizer, SENTENCES[3], "Y vio Dios la luz.")
