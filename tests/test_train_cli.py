@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import h5py
 import keras
@@ -138,6 +137,28 @@ def test_model_shape_flags_resolve_over_the_preset(tmp_path):
         "c_dmodel256", vocab_size=fields["vocab_size"], max_positions=256, dropout_rate=0.2)
 
 
+def test_every_model_and_training_flag_lands_in_its_config(tmp_path):
+    """Each TransformerConfig and TrainingConfig flag, with a value other than its
+    default, reaches the resolved configs with its type (an `int | None` flag
+    parsed as a string once crashed the run)."""
+    flags = ["--model", "tiny", "--key-dim", "12", "--value-dim", "20", "--label-smoothing",
+             "0.05", "--no-norm-first", "--seed", "7", "--length-buckets", "3",
+             "--data", "corpus/{split}.en,corpus/{split}.es", "--source-language", "de",
+             "--target-language", "fr", "--average-last", "3"]
+    args, fields, overrides, explicit = train.parse_args(flags)
+    config, resolved, _ = runs.resolve_configs(str(tmp_path / "run"), fields, explicit, overrides)
+    assert (resolved.key_dim, resolved.value_dim, resolved.label_smoothing,
+            resolved.norm_first) == (12, 20, 0.05, False)
+    assert (config.seed, config.length_buckets, config.data, config.source_language,
+            config.target_language, config.average_last) == (
+        7, 3, "corpus/{split}.en,corpus/{split}.es", "de", "fr", 3)
+    model = kt.build_transformer(resolved)
+    kernels = {w.path: tuple(w.shape) for w in model.weights}
+    h, d_model = resolved.num_heads, resolved.d_model
+    assert kernels["encoder_layer_0/self_attention/query/kernel"] == (d_model, h, 12)
+    assert kernels["encoder_layer_0/self_attention/value/kernel"] == (d_model, h, 20)
+
+
 def test_time_budget_picks_the_cpu_recipe():
     assert TrainingConfig().model_preset(cores=2) == "cpu-small"
     assert TrainingConfig(time_budget=4.5).model_preset(cores=2) == "cpu-small"
@@ -225,6 +246,22 @@ def test_time_budget_plans_and_stops_after_the_budget(tmp_path):
     assert os.path.exists(os.path.join(run, "averaged.weights.h5"))
 
 
+# train.py, killed by SIGKILL right after checkpoint 2 is written.
+_KILLED_AFTER_STEP_2 = """
+import os, runpy, signal, sys
+import keras
+from keras_transformer import training
+class Kill(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+run_callbacks = training.run_callbacks
+training.run_callbacks = lambda *args, **kwargs: [*run_callbacks(*args, **kwargs), Kill()]
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path(os.path.join(os.environ["ROOT"], "train.py"), run_name="__main__")
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("accumulate_steps", ["1", "3"])
 def test_killed_run_resumes_like_an_uninterrupted_one(accumulate_steps, tmp_path):
@@ -235,14 +272,14 @@ def test_killed_run_resumes_like_an_uninterrupted_one(accumulate_steps, tmp_path
     deterministic = dict(TF_DETERMINISTIC_OPS="1")
     assert _train([*flags, "--out", whole], **deterministic).returncode == 0
 
-    # Kill the second run as soon as its first checkpoint exists (mid-training).
-    process = _train([*flags, "--out", interrupted], wait=False, **deterministic)
-    first = os.path.join(interrupted, "checkpoints", "ckpt-00000002.weights.h5")
-    deadline = time.time() + 600
-    while not os.path.exists(first) and process.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    # The second run kills itself (SIGKILL, as a power cut) once its first
+    # checkpoint is written: mid-training, however busy the machine.
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_AFTER_STEP_2, *flags, "--out", interrupted],
+        env=dict(os.environ, PYTHONPATH=ROOT, ROOT=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
+                 **deterministic), capture_output=True, text=True, timeout=900)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert [step for step, _ in list_checkpoints(os.path.join(interrupted, "checkpoints"))] == [2]
     assert not os.path.exists(os.path.join(interrupted, "model.keras"))
 
     resumed = _train([*flags, "--out", interrupted], **deterministic)
@@ -300,13 +337,15 @@ def test_killed_writes_truncated_checkpoints_and_a_second_trainer(tmp_path):
     assert "ckpt-00000006.weights.h5 cannot be read" in longer.stderr
     assert "at step 4." in longer.stdout and "Trained 8 steps" in longer.stdout
 
+    # Holds the lock until its stdin closes: as long as the second trainer takes.
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from keras_transformer import durable; "
-         "durable.RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)", run],
-        env=env, stdout=subprocess.PIPE, text=True)
+        [sys.executable, "-c", "import sys; from keras_transformer import durable; "
+         "durable.RunLock(sys.argv[1]).acquire(); print('held', flush=True); sys.stdin.read()",
+         run], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         second = _train([*QUICK, "--steps", "10", "--out", run])
+        assert holder.poll() is None  # still holding it
     finally:
         holder.kill()
         holder.wait()

@@ -124,7 +124,9 @@ def add_config_flags(parser, dataclass, defaults=True, skip=()):
             parser.add_argument(flag, nargs="?", const=field.metadata["bare_flag"],
                                 default=default, help=helps.get(field.name))
         else:
-            kind = {int: int, float: float, "int | None": int}.get(field.type, str)
+            # `int | None` is a types.UnionType (a string only under postponed annotations).
+            kind = {int: int, float: float, int | None: int, "int | None": int}.get(
+                field.type, str)
             parser.add_argument(flag, type=kind, default=default, help=helps.get(field.name))
 
 
