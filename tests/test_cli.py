@@ -172,7 +172,7 @@ def test_evaluate_scores_the_reference_column_and_writes_the_output(
     from keras_transformer.cli import evaluate
     from keras_transformer.cli import translate
 
-    sources = SENTENCES
+    sources = [*SENTENCES, ""]  # an empty source: an empty line, kept in --output
     source = tmp_path / "source.txt"
     source.write_text("\n".join(sources) + "\n", encoding="utf-8")
     decoding = ["--beam-size", "1", "--extra-length", "4", "--batch-size", "3"]
