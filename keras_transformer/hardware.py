@@ -159,6 +159,28 @@ def decoding_jit_compile(setting, xla_max_batch_size=None):
     return setting == "on"
 
 
+def decoding_precision(setting, jit_compile=False, flags=None):
+    """`(precision, reason)` of an export's weights and matrix multiplies:
+    `setting` itself, or for "auto" bfloat16 where this CPU multiplies bfloat16
+    in hardware (AMX, AVX512-BF16) and the search runs without XLA (XLA:CPU
+    multiplies bfloat16 no faster than float32), float32 elsewhere, GPUs
+    included (`benchmarks/precision_quality.py` measures the quality, equal to
+    float32's within noise, and `benchmarks/decode_throughput.py` the speed).
+    `flags`: `cpu_flags()` of the machine, by default this one."""
+    if setting != AUTO:
+        return setting, ""
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        return "float32", "a GPU is visible"
+    flags = cpu_flags() if flags is None else flags
+    if not (flags.get("amx_bf16") or flags.get("avx512_bf16")):
+        return "float32", "this CPU has no bfloat16 instructions"
+    if jit_compile:
+        return "float32", "XLA on a CPU multiplies bfloat16 no faster"
+    return "bfloat16", f"this CPU has {'AMX' if flags.get('amx_bf16') else 'AVX512-BF16'}"
+
+
 def decoding_transposed_kernels(flags=None):
     """Whether a search's steps multiply by kernels stored transposed, `x W^T`
     (`Transformer.step_function(transposed_kernels=True)`): on a CPU without

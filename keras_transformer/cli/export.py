@@ -67,11 +67,14 @@ def parse_args(argv, prog=PROG):
                              "most this many sentences, larger ones without (on a CPU: 4 for "
                              "XLA's latency at 1 to 4 sentences, 2x to 3.5x faster here, and "
                              "the graph's throughput); default: all")
-    parser.add_argument("--precision", choices=("float32", "bfloat16", "float16"),
+    parser.add_argument("--precision", choices=("float32", "bfloat16", "float16", "auto"),
                         default="float32",
                         help="the weights' and matrix multiplies' type (softmax, layer "
                              "norm, logits and scores stay float32): bfloat16 for CPUs with "
-                             "AMX or AVX512-BF16 and for GPUs, float16 for older GPUs")
+                             "AMX or AVX512-BF16 and for GPUs, float16 for older GPUs; auto: "
+                             "bfloat16 where this CPU has AMX or AVX512-BF16 and the search "
+                             "runs without XLA, else float32 (export on the CPU kind that "
+                             "serves)")
     parser.add_argument("--ids-only", action="store_true",
                         help="export translate_ids alone, for TensorFlow without "
                              "tensorflow-text ops")
@@ -114,14 +117,18 @@ def main(argv=None, prog=PROG):
         model, tokenizer, run_config = runs.load_run(args.run, args.weights)
         if args.format == "ctranslate2":
             return export_ctranslate2(model, tokenizer, args, prog)
-        if args.precision != "float32":
-            model = model.with_dtype(args.precision)
+        jit_compile = hardware.decoding_jit_compile(args.jit_compile, args.xla_max_batch_size)
+        precision, reason = hardware.decoding_precision(args.precision, jit_compile)
+        if reason:
+            print(f"{prog}: --precision {precision} (auto: {reason})", flush=True)
+        if precision != "float32":
+            model = model.with_dtype(precision)
         translator = serving.Translator(
             model, None if args.ids_only else tokenizer, beam_size=args.beam_size, alpha=args.alpha,
             extra_length=args.extra_length, max_input_length=args.max_input_length,
             beam_sizes=args.beam_sizes, max_batch_size=args.max_batch_size,
             max_input_chars=args.max_input_chars,
-            jit_compile=hardware.decoding_jit_compile(args.jit_compile, args.xla_max_batch_size),
+            jit_compile=jit_compile,
             xla_max_batch_size=args.xla_max_batch_size,
         )
         warmup = saved_model.WARMUP_TEXTS
