@@ -31,6 +31,41 @@ def test_decoder_pass_reproduces_the_models_logits(tokenizer, norm_first):
                                               .repeat(model.config.num_heads, 2)] < 1e-6)
 
 
+def test_cross_attention_equals_numpy_from_the_layers_kernels(tokenizer):
+    """The last decoder layer's cross-attention weights are
+    softmax((x W_q + b_q)(e W_k + b_k)^T / sqrt(d_k)) over the source's tokens,
+    computed in NumPy from the layer's kernels, the encoder output e and the
+    input x that reached the layer (recorded), not by the decoder pass itself."""
+    model = make_model(tokenizer.vocab_size, key_dim=6, value_dim=10)
+    source = tokenizer.tokenize(tf.constant(SENTENCES[:2])).to_tensor()
+    target = tf.concat([tf.fill([2, 1], BOS_ID), source[:, :5]], axis=1)
+    attention = model.decoder_layers[-1]._cross_attention
+    inputs, call = [], attention.call
+
+    def recording(query, *args, **kwargs):
+        inputs.append(np.asarray(query))
+        return call(query, *args, **kwargs)
+
+    attention.call = recording
+    try:
+        _, layers = visualize.decoder_attention(model, source, target)
+    finally:
+        del attention.call
+    [x] = inputs  # (B, T, d_model)
+    e = np.asarray(model.encode(source))  # (B, S, d_model)
+    kernels = {"/".join(w.path.split("/")[-2:]): w.numpy() for w in attention.weights}
+    q = np.einsum("btd,dhk->bhtk", x, kernels["query/kernel"]) + kernels["query/bias"][:, None]
+    k = np.einsum("bsd,dhk->bhsk", e, kernels["key/kernel"]) + kernels["key/bias"][:, None]
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(6)  # (B, h, T, S)
+    scores = np.where(source.numpy()[:, None, None, :] == 0, -np.inf, scores)
+    expected = np.exp(scores - scores.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    assert (source.numpy() == 0).any()  # some padding to mask
+    # Weights in [0, 1] from float32 sums in another order: within 64 u (2^-24).
+    np.testing.assert_allclose(layers[-1]["cross_attention"].numpy(), expected, rtol=0,
+                               atol=64 * 2.0 ** -24)
+
+
 def test_weights_of_a_sentence_pair(tokenizer):
     model = make_model(tokenizer.vocab_size)
     attention = visualize.cross_attention_weights(
