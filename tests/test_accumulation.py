@@ -18,10 +18,16 @@ from tests.accumulation_equivalence import compare
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# float32's unit roundoff.
+U = 2.0 ** -24
+
+
 def check(result, num_replicas):
     assert result["num_replicas"] == num_replicas
     assert len(set(result["tokens"])) > 1, result  # unequal token counts
-    assert result["momentum_difference"] < 1e-5, result
+    # The same sums in another order (one batch against N): each variable's
+    # momentum within 128 u of its scale (measured: 16 u on one device).
+    assert result["momentum_difference"] < 128 * U, result
     # Averaging each batch's own mean instead would not pass.
     assert result["unweighted_momentum_difference"] > 1e-4, result
     # The schedule and Adam's bias correction count updates, not batches.
