@@ -9,6 +9,7 @@ import math
 import os
 import re
 import sys
+import time
 
 import keras
 import numpy as np
@@ -179,8 +180,14 @@ class StepCheckpoint(keras.callbacks.Callback):
         super().__init__()
         self.directory = directory
         self.keep = keep
+        self.seconds = 0.0  # spent writing checkpoints
 
     def on_epoch_end(self, epoch, logs=None):
+        start = time.monotonic()
+        self._write(logs)
+        self.seconds += time.monotonic() - start
+
+    def _write(self, logs):
         loss = (logs or {}).get("loss")
         if loss is not None and not np.isfinite(loss):
             return
@@ -190,8 +197,10 @@ class StepCheckpoint(keras.callbacks.Callback):
         step = int(self.model.optimizer.iterations.numpy())
         path = checkpoint_path(self.directory, step)
         # Dropout's random state first: a checkpoint is whole once its weights exist.
-        states = np.stack([v.numpy() for v in _rng_states(self.model)])
-        write_atomically(_rng_path(path), lambda temporary: np.save(temporary, states))
+        states = [v.numpy() for v in _rng_states(self.model)]
+        if states:  # none without dropout (dropout_rate 0)
+            write_atomically(_rng_path(path),
+                             lambda temporary: np.save(temporary, np.stack(states)))
         write_atomically(path, self.model.save_weights)
         for _, old in list_checkpoints(self.directory)[: -self.keep]:
             os.remove(old)

@@ -155,3 +155,21 @@ def test_a_run_without_checkpoints_starts_from_init_from(tmp_path, capsys):
         model = kt.build_transformer(kt.TransformerConfig.tiny(30, d_model=8, d_ff=16))
         training.compile_for_training(model)
         training.restore_latest_checkpoint(model, str(tmp_path / "new"), str(run))
+
+
+def test_a_model_without_dropout_checkpoints_and_resumes(tmp_path):
+    # No dropout layer, no random state to save: the checkpoint holds the weights alone.
+    model = kt.build_transformer(kt.TransformerConfig.tiny(30, d_model=16, d_ff=32,
+                                                           dropout_rate=0.0))
+    training.compile_for_training(model, warmup_steps=10)
+    model.optimizer.build(model.trainable_variables)
+    callback = training.StepCheckpoint(str(tmp_path), keep=2)
+    callback.set_model(model)
+    model.optimizer.iterations.assign(5)
+    callback.on_epoch_end(0, {"loss": 1.0})
+    assert [step for step, _ in training.list_checkpoints(str(tmp_path))] == [5]
+    restored = kt.build_transformer(model.config)
+    training.compile_for_training(restored, warmup_steps=10)
+    assert training.restore_latest_checkpoint(restored, str(tmp_path)) == 5
+    for a, b in zip(model.get_weights(), restored.get_weights()):
+        np.testing.assert_array_equal(a, b)
