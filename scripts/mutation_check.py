@@ -1,0 +1,293 @@
+"""Mutation check: does the test suite notice the defects a user would?
+
+Each mutant is one line of the package changed into a defect that a user would
+notice (a wrong BLEU, a worse translation, a refused request); the check applies
+it to a copy of the repository, runs the tests that guard it (`-x -q`) and
+counts it caught when they fail. Every mutant must be caught: a missed one is a
+defect that the suite would let through.
+
+    python scripts/mutation_check.py                 # every mutant, JSON report on stdout
+    python scripts/mutation_check.py --list          # their names
+    python scripts/mutation_check.py --only causal-mask-one-ahead,padding-in-the-loss
+
+Exits 1 when a mutant is missed or stale (its line is no longer in the file).
+Each mutant runs the test files named with it, in a pytest process of its own
+(TensorFlow's start-up, ~15 s, each); the mutants marked slow run a slow test.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What the tests need of the repository (no .git, .venv, runs or build outputs).
+COPIED = ("keras_transformer", "tests", "benchmarks", "scripts", "train.py", "export.py",
+          "translate.py", "evaluate.py", "setup.cfg", "pyproject.toml", "README.md")
+
+
+def mutant(name, path, old, new, tests, slow=False):
+    """A defect: in `path`, the line whose stripped text is `old` becomes `new`
+    (same indentation); `tests`: the pytest arguments that must fail."""
+    return {"name": name, "path": path, "old": old, "new": new, "tests": list(tests),
+            "slow": slow}
+
+
+MUTANTS = [
+    # evaluate scores against the sources instead of the references.
+    mutant("reference-column", "keras_transformer/evaluation.py",
+           'references += [t.decode("utf-8") for t in block["target"]]',
+           'references += [t.decode("utf-8") for t in block["source"]]',
+           ["tests/test_evaluation.py"]),
+    mutant("reference-column-of-lists", "keras_transformer/evaluation.py",
+           "return [source for source, _ in pairs], [target for _, target in pairs]",
+           "return [source for source, _ in pairs], [source for source, _ in pairs]",
+           ["tests/test_evaluation.py"]),
+    # "Tokenized BLEU" with sacreBLEU's default tokenization: not the paper's number.
+    mutant("tokenized-bleu-13a", "keras_transformer/evaluation.py",
+           'tokenized = sacrebleu.metrics.BLEU(tokenize="intl")',
+           'tokenized = sacrebleu.metrics.BLEU(tokenize="13a")',
+           ["tests/test_evaluation.py"]),
+    # train averages the first --average-last checkpoints instead of the last.
+    mutant("average-first-checkpoints", "keras_transformer/cli/train.py",
+           "last = [path for _, path in training.list_checkpoints(checkpoint_dir)]"
+           "[-config.average_last:]",
+           "last = [path for _, path in training.list_checkpoints(checkpoint_dir)]"
+           "[:config.average_last]",
+           ["tests/test_train_cli.py::test_any_step_count_model_flags_and_resume_checks"],
+           slow=True),
+    mutant("average-without-dividing", "keras_transformer/training.py",
+           "averaged = [(t / len(paths)).astype(w.dtype) for t, w in zip(total, "
+           "model.get_weights())]",
+           "averaged = [(t / (len(paths) + 1)).astype(w.dtype) for t, w in zip(total, "
+           "model.get_weights())]",
+           ["tests/test_training.py"]),
+    # Sec. 3.2.1: scores scaled by 1/d_k instead of 1/sqrt(d_k).
+    mutant("attention-scaled-by-1/d_k", "keras_transformer/layers/attention.py",
+           "query = ops.multiply(query, ops.cast(1.0 / math.sqrt(self.key_dim), query.dtype))",
+           "query = ops.multiply(query, ops.cast(1.0 / self.key_dim, query.dtype))",
+           ["tests/layers/test_attention.py"]),
+    # The decoder sees the next target token.
+    mutant("causal-mask-one-ahead", "keras_transformer/layers/attention.py",
+           "causal = ops.expand_dims(query_positions, -1) >= ops.expand_dims(key_positions, 0)",
+           "causal = ops.expand_dims(query_positions, -1) + 1 >= "
+           "ops.expand_dims(key_positions, 0)",
+           ["tests/layers/test_attention.py"]),
+    # Padding tokens count in the loss's mean.
+    mutant("padding-in-the-loss", "keras_transformer/losses.py",
+           'real = ops.cast(ops.not_equal(y_true, self.padding_id), "float32")',
+           'real = ops.cast(ops.greater_equal(y_true, 0), "float32")',
+           ["tests/test_losses.py"]),
+    # Label smoothing's uniform share of the gradient over the wrong count.
+    mutant("label-smoothing-gradient", "keras_transformer/losses.py",
+           "result = (tf.exp(logits - log_normalizer[..., None]) - epsilon / vocab_size) "
+           "* upstream",
+           "result = (tf.exp(logits - log_normalizer[..., None]) - epsilon / (vocab_size - 1)) "
+           "* upstream",
+           ["tests/test_losses.py"]),
+    # Sec. 3.5: cosines on even channels, sines on odd ones.
+    mutant("sin-cos-swapped", "keras_transformer/layers/positional_encoding.py",
+           "encoding = ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1)  # (T, d/2, 2)",
+           "encoding = ops.stack([ops.cos(angles), ops.sin(angles)], axis=-1)  # (T, d/2, 2)",
+           ["tests/layers/test_positional_encoding.py"]),
+    # Sec. 3.4: embeddings not scaled by sqrt(d_model).
+    mutant("embedding-unscaled", "keras_transformer/layers/embedding.py",
+           "return ops.multiply(embedded, ops.cast(math.sqrt(self.d_model), embedded.dtype))",
+           "return ops.multiply(embedded, ops.cast(1.0, embedded.dtype))",
+           ["tests/layers/test_embedding.py"]),
+    # Dropout left on when translating.
+    mutant("dropout-at-inference", "keras_transformer/layers/dropout.py",
+           "if not training or self.rate == 0:",
+           "if self.rate == 0:",
+           ["tests/layers/test_dropout.py"]),
+    # A request of exactly max_batch_size sentences is refused.
+    mutant("request-limit-off-by-one", "keras_transformer/serving.py",
+           "tf.shape(inputs)[0], self.max_batch_size,",
+           "tf.shape(inputs)[0], self.max_batch_size - 1,",
+           ["tests/test_serving.py::test_request_limits_admit_exactly_their_value"]),
+    mutant("character-limit-off-by-one", "keras_transformer/serving.py",
+           "longest, self.max_input_chars,",
+           "longest, self.max_input_chars - 1,",
+           ["tests/test_serving.py::test_request_limits_admit_exactly_their_value"]),
+    # GNMT's length penalty ((5 + |Y|) / 6)^alpha with another base.
+    mutant("length-penalty-base", "keras_transformer/decoding.py",
+           "return tf.pow((5.0 + length) / 6.0, alpha)",
+           "return tf.pow((1.0 + length) / 6.0, alpha)",
+           ["tests/test_decoding.py"]),
+    # Sec. 5.3: warm-up with step * warmup_steps^-0.5 instead of ^-1.5.
+    mutant("warmup-exponent", "keras_transformer/schedules.py",
+           "rate = ops.minimum(ops.power(step_num, -0.5), step_num * ops.power(warmup, -1.5))",
+           "rate = ops.minimum(ops.power(step_num, -0.5), step_num * ops.power(warmup, -0.5))",
+           ["tests/test_schedules.py"]),
+    # Checkpoints pruned one too many: fewer left than are averaged.
+    mutant("checkpoints-kept-one-fewer", "keras_transformer/training.py",
+           "for _, old in list_checkpoints(self.directory)[: -self.keep]:",
+           "for _, old in list_checkpoints(self.directory)[: -self.keep + 1]:",
+           ["tests/test_training.py"]),
+    # Outputs one token longer than source length + extra_length.
+    mutant("output-limit-off-by-one", "keras_transformer/serving_shapes.py",
+           "output_limits = tf.where(padded_lengths > 0, padded_lengths + extra_length, 1)",
+           "output_limits = tf.where(padded_lengths > 0, padded_lengths + extra_length + 1, 1)",
+           ["tests/test_serving.py::test_output_length_is_bounded_by_input_length_plus_extra"]),
+    # translate --alpha and --weights ignored.
+    mutant("translate-alpha-ignored", "keras_transformer/cli/translate.py",
+           "beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,",
+           "beam_size=args.beam_size, alpha=None, extra_length=args.extra_length,",
+           ["tests/test_cli.py::test_decoding_flags_and_weights_reach_the_search"]),
+    mutant("translate-weights-ignored", "keras_transformer/cli/translate.py",
+           "translator = evaluation.load_translator(args.export, args.run, args.weights)",
+           "translator = evaluation.load_translator(args.export, args.run)",
+           ["tests/test_cli.py::test_decoding_flags_and_weights_reach_the_search"]),
+    mutant("evaluate-beam-size-ignored", "keras_transformer/cli/evaluate.py",
+           "beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,",
+           "beam_size=None, alpha=args.alpha, extra_length=args.extra_length,",
+           ["tests/test_cli.py::test_decoding_flags_and_weights_reach_the_search"]),
+    # `int | None` flags (--key-dim, --value-dim) parsed as strings.
+    mutant("optional-int-flags-as-strings", "keras_transformer/cli/common.py",
+           'kind = {int: int, float: float, int | None: int, "int | None": int}.get(',
+           'kind = {int: int, float: float, "int | None": int}.get(',
+           ["tests/test_train_cli.py::test_every_model_and_training_flag_lands_in_its_config"]),
+    # evaluate --output loses the line of an empty translation.
+    mutant("evaluate-output-lines", "keras_transformer/cli/evaluate.py",
+           'f.writelines(text.replace("\\n", " ") + "\\n" for text in hypotheses)',
+           'f.writelines(text.replace("\\n", " ") + "\\n" for text in hypotheses if text)',
+           ["tests/test_cli.py::test_evaluate_scores_the_reference_column_and_writes_the_output"]),
+]
+
+
+def find_line(lines, old):
+    """The index of the one line whose stripped text is `old`; raises otherwise."""
+    found = [i for i, line in enumerate(lines) if line.strip() == old]
+    if len(found) != 1:
+        raise LookupError(f"{len(found)} lines match (want 1): {old!r}")
+    return found[0]
+
+
+def apply(path, old, new):
+    """Writes the mutant into `path`; returns the original text."""
+    with open(path, encoding="utf-8") as f:
+        original = f.read()
+    lines = original.splitlines(keepends=True)
+    i = find_line(lines, old)
+    indent = lines[i][:len(lines[i]) - len(lines[i].lstrip())]
+    lines[i] = indent + new + "\n"
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+    return original
+
+
+def copy_repository(destination):
+    for name in COPIED:
+        source = os.path.join(ROOT, name)
+        if os.path.isdir(source):
+            shutil.copytree(source, os.path.join(destination, name),
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        elif os.path.exists(source):
+            shutil.copy2(source, os.path.join(destination, name))
+
+
+def run_tests(copy, tests, timeout):
+    """pytest's exit status on `tests` in the copy (its package first on the path)."""
+    environment = dict(os.environ, PYTHONPATH=copy, TF_CPP_MIN_LOG_LEVEL="3")
+    environment.pop("CI_NO_SKIPS", None)
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+               "-o", "addopts=", *tests]
+    try:
+        result = subprocess.run(command, cwd=copy, env=environment, capture_output=True,
+                                text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, "timed out"
+    last = [line for line in result.stdout.splitlines() if line.strip()]
+    return result.returncode, last[-1] if last else result.stderr[-500:]
+
+
+def check_package_is_the_copy(copy):
+    """The copy's package, not the editable install's, is the one its tests import."""
+    result = subprocess.run(
+        [sys.executable, "-c", "import keras_transformer, os; "
+         "print(os.path.dirname(os.path.dirname(keras_transformer.__file__)))"],
+        cwd=copy, env=dict(os.environ, PYTHONPATH=copy), capture_output=True, text=True,
+        timeout=300)
+    if os.path.realpath(result.stdout.strip()) != os.path.realpath(copy):
+        raise RuntimeError(f"the tests would import keras_transformer from "
+                           f"{result.stdout.strip() or result.stderr}, not from the copy {copy}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", help="comma-separated mutant names")
+    parser.add_argument("--skip-slow", action="store_true",
+                        help="leave out the mutants whose guard is a slow test")
+    parser.add_argument("--baseline", action="store_true",
+                        help="first run every selected test file unmutated (they must pass)")
+    parser.add_argument("--list", action="store_true", help="print the mutants' names")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per pytest run")
+    args = parser.parse_args(argv)
+    selected = MUTANTS
+    if args.only:
+        names = args.only.split(",")
+        unknown = sorted(set(names) - {m["name"] for m in MUTANTS})
+        if unknown:
+            parser.error(f"unknown mutants {unknown}; see --list")
+        selected = [m for m in MUTANTS if m["name"] in names]
+    if args.skip_slow:
+        selected = [m for m in selected if not m["slow"]]
+    if args.list:
+        for m in selected:
+            print(m["name"])
+        return 0
+
+    report = {"mutants": [], "caught": 0, "missed": [], "stale": []}
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mutation_check-") as copy:
+        copy_repository(copy)
+        check_package_is_the_copy(copy)
+        if args.baseline:
+            tests = sorted({t for m in selected for t in m["tests"]})
+            status, summary = run_tests(copy, tests, args.timeout * 2)
+            report["baseline"] = {"tests": tests, "exit_status": status, "summary": summary}
+            if status != 0:
+                print(json.dumps(report, indent=2))
+                print("mutation_check: the unmutated tests fail; fix them first",
+                      file=sys.stderr)
+                return 1
+        for m in selected:
+            path = os.path.join(copy, m["path"])
+            try:
+                original = apply(path, m["old"], m["new"])
+            except LookupError as error:
+                report["stale"].append(m["name"])
+                report["mutants"].append({"name": m["name"], "stale": str(error)})
+                print(f"mutation_check: {m['name']}: STALE ({error})", file=sys.stderr,
+                      flush=True)
+                continue
+            try:
+                began = time.perf_counter()
+                status, summary = run_tests(copy, m["tests"], args.timeout)
+            finally:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(original)
+            # Exit status 1: a test failed. 2-5 (an error collecting, no test run)
+            # and a timeout do not count as caught.
+            caught = status == 1
+            report["caught"] += caught
+            if not caught:
+                report["missed"].append(m["name"])
+            report["mutants"].append({
+                "name": m["name"], "path": m["path"], "tests": m["tests"], "caught": caught,
+                "exit_status": status, "summary": summary,
+                "seconds": round(time.perf_counter() - began, 1)})
+            print(f"mutation_check: {m['name']}: {'caught' if caught else 'MISSED'} "
+                  f"({summary})", file=sys.stderr, flush=True)
+    report["total"] = len(selected)
+    report["seconds"] = round(time.perf_counter() - start, 1)
+    print(json.dumps(report, indent=2))
+    return 1 if report["missed"] or report["stale"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
