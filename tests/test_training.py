@@ -10,8 +10,8 @@ from keras_transformer import budget
 from keras_transformer import training
 
 
-def _compiled_model():
-    model = kt.build_transformer(kt.TransformerConfig.tiny(30, d_model=16, d_ff=32))
+def _compiled_model(**overrides):
+    model = kt.build_transformer(kt.TransformerConfig.tiny(30, d_model=16, d_ff=32, **overrides))
     training.compile_for_training(model, warmup_steps=10)
     model.optimizer.build(model.trainable_variables)
     return model
@@ -54,6 +54,20 @@ def test_step_checkpoint_keeps_the_last_and_never_a_nan(tmp_path):
     for a, b in zip(restored.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(a, b)
     assert training.restore_latest_checkpoint(_compiled_model(), str(tmp_path / "none")) == 0
+
+
+def test_a_model_without_dropout_checkpoints_and_resumes(tmp_path):
+    """dropout_rate=0: no dropout random state to keep (train.py --dropout-rate 0
+    once failed at its first checkpoint)."""
+    model = _compiled_model(dropout_rate=0.0)
+    callback = training.StepCheckpoint(str(tmp_path))
+    callback.set_model(model)
+    model.optimizer.iterations.assign(5)
+    callback.on_epoch_end(0, {"loss": 1.0})
+    restored = _compiled_model(dropout_rate=0.0)
+    assert training.restore_latest_checkpoint(restored, str(tmp_path)) == 5
+    for a, b in zip(restored.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_precision_choices():
