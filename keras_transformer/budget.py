@@ -160,6 +160,55 @@ def plan_run(model, schedule, batches, clock, config, explicit, max_steps=None,
     return config, step
 
 
+class TimeAccount(keras.callbacks.Callback):
+    """Where a run's wall-clock time went: the phases the command marks in order
+    (`mark`), with parts timed inside a phase set apart from it (`set_apart`):
+    the dev passes, which this callback times inside `fit_phase`, and the
+    checkpoints.
+
+    Args:
+        start: `time.monotonic()` at the program's start.
+        fit_phase: the phase that `fit`, and so the dev passes, run in.
+    """
+
+    def __init__(self, start, fit_phase="steps"):
+        super().__init__()
+        self.seconds = {}
+        self.apart = {}
+        self.fit_phase = fit_phase
+        self._last = start
+        self._dev_start = None
+
+    def mark(self, phase):
+        """Counts the time since the last mark as `phase`'s."""
+        now = time.monotonic()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
+        self._last = now
+
+    def set_apart(self, part, seconds, phase):
+        """Counts `seconds` of `phase` as `part`'s."""
+        self.apart[part] = (phase, self.apart.get(part, (phase, 0.0))[1] + seconds)
+
+    def on_test_begin(self, logs=None):
+        self._dev_start = time.monotonic()
+
+    def on_test_end(self, logs=None):
+        self.set_apart("dev passes", time.monotonic() - self._dev_start, self.fit_phase)
+
+    def summary(self):
+        """`{phase or part: seconds}`: the phases less their parts, then the parts."""
+        seconds = dict(self.seconds)
+        for phase, value in self.apart.values():
+            seconds[phase] = seconds.get(phase, 0.0) - value
+        return {**seconds, **{part: value for part, (_, value) in self.apart.items()}}
+
+    def line(self):
+        """One line for people: "Where the 7.1 minutes went: start-up 8 s, ..."."""
+        seconds = self.summary()
+        parts = ", ".join(f"{phase} {value:.0f} s" for phase, value in seconds.items())
+        return f"Where the {sum(seconds.values()) / 60:.1f} minutes went: {parts}."
+
+
 class ProgressLine(keras.callbacks.Callback):
     """One line per epoch (checkpoint interval) for a person: the step, the
     training and dev loss, the learning rate and the time so far.

@@ -96,9 +96,11 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     from keras_transformer import durable
     from keras_transformer import evaluation
     from keras_transformer import hardware
+    from keras_transformer import recipes
     from keras_transformer import runs
     from keras_transformer import training
 
+    account = budget.TimeAccount(_START["wall"])
     # === Config: flags, or the saved config of the run being resumed ===
     config, model_config, saved = runs.resolve_configs(
         args.out, fields, explicit, model_overrides, args.model_config)
@@ -106,10 +108,17 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     # happen before TensorFlow runs anything.
     strategy = distributed.make_strategy(config.strategy, tpu=args.tpu)
     # "auto" settings fit the device: XLA, bfloat16 and few batch shapes on accelerators.
-    config, device_line = hardware.resolve(config, hardware.detect(strategy))
+    device = hardware.detect(strategy)
+    config, device_line = hardware.resolve(config, device)
     print(device_line, flush=True)
     keras.utils.set_random_seed(config.seed)
     training.set_precision(config.precision)
+    # A budget on a CPU: the vocabulary and batches that this CPU's speed affords.
+    if (config.time_budget and saved is None and device.kind == "cpu" and not config.init_from
+            and not {"vocab_size", "tokens_per_batch"} & explicit):
+        config, recipe_line = choose_recipe(config, model_config, recipes)
+        print(recipe_line, flush=True)
+    account.mark("start-up")
     # On a multi-worker run every worker computes, only the chief writes, and --out
     # must be on a filesystem all workers share (they read its vocab and checkpoints).
     chief = distributed.is_chief(strategy)
@@ -153,6 +162,7 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
           f"{', '.join(f'{rows}x{length}' for rows, length, _ in shapes)}; padding "
           f"{train_batches.padding['source']:.1%} of source and "
           f"{train_batches.padding['target']:.1%} of target tokens.", flush=True)
+    account.mark("vocabulary and batches")
     # Deterministic and full-size batches, so workers agree on each one and no
     # replica gets an empty share; in the training batches' lengths.
     dev_batches = data.make_batches(dev_pairs, shuffle=False, deterministic=True,
@@ -175,14 +185,20 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
         print(f"Planned about {config.steps} steps: a checkpoint every "
               f"{config.checkpoint_every}, warm-up {config.warmup_steps} to learning rate "
               f"{schedule.peak_learning_rate():.2e}.", flush=True)
+        account.mark("timing steps")
 
     # === Fit: an epoch is a checkpoint interval ===
     callbacks = training.run_callbacks(args.out, config, clock, chief, tokenizer, dev_pairs)
+    callbacks.append(account)
     losses, step = training.fit_by_checkpoints(
         model, lambda step: train_batches.dataset(step, config.accumulate_steps), dev_batches,
         step, max_steps, config.checkpoint_every, config.steps, callbacks,
         stop=clock.over_budget, budgeted=bool(config.time_budget),
         accumulate_steps=config.accumulate_steps)
+    account.mark("steps")
+    account.set_apart("checkpoints", next(
+        callback.seconds for callback in callbacks if isinstance(callback, training.StepCheckpoint)),
+        "steps")
     if train_batches.pairs_too_long:
         print(f"Dropped {train_batches.pairs_too_long} training pairs longer than "
               f"{config.max_sentence_tokens} tokens.")
@@ -200,9 +216,11 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     last = [path for _, path in training.list_checkpoints(checkpoint_dir)][-config.average_last:]
     averaged_path = os.path.join(args.out, runs.AVERAGED_WEIGHTS)
     averaged = training.save_average(model, last, averaged_path)
+    account.mark("averaging and saving")
     print(f"Trained {step} steps in {clock.elapsed() / 60:.1f} minutes "
           f"({config.time_budget_clock} clock); averaged the last {len(last)} checkpoints "
           f"into {averaged_path}")
+    print(account.line(), flush=True)
 
     # === Samples and test BLEU with the averaged weights, beam search ===
     if not config.test_sentences:
@@ -217,3 +235,19 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
           f"({result['signature']})")
     return 0
 
+
+def choose_recipe(config, model_config, recipes):
+    """`config` with the vocabulary size and batch tokens of the recipe that this
+    CPU's measured speed affords in the budget (`recipes.choose`), and a line
+    saying what was chosen and why."""
+    compute_dtype = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(
+        config.precision, "float32")
+    flops = recipes.matmul_flops_per_second(compute_dtype)
+    recipe, estimates = recipes.choose(model_config, config.time_budget * 60, flops)
+    config = dataclasses.replace(config, vocab_size=recipe.vocab_size,
+                                 tokens_per_batch=recipe.tokens_per_batch)
+    passed = "".join(f"; {other.describe()} would get about {updates}, fewer than the "
+                     f"{other.min_updates} it needs" for other, updates in estimates[:-1])
+    return config, (f"Recipe for {config.time_budget:g} minutes on this CPU ({compute_dtype} "
+                    f"matrix multiplies at {flops / 1e9:.0f} GFLOP/s): {recipe.describe()}, "
+                    f"about {estimates[-1][1]} updates{passed}.")

@@ -1,0 +1,110 @@
+"""The CPU recipe for a time budget, chosen from this machine's measured speed.
+
+A short budget on a slow CPU buys few updates, and a recipe tuned on a fast CPU
+then learns nothing useful (a 4.5-minute run of 190 updates on a 2-core AVX2
+EPYC translated "Y los hijos de los hijos de los hijos..."). Before the
+vocabulary is built, `keras-transformer train --time-budget N` times a matrix
+multiply in the run's precision (`matmul_flops_per_second`), estimates the
+updates each recipe of `RECIPES` would get (`training_flops`), and takes the
+first recipe that gets the updates it needs (`choose`): the bigger vocabulary
+and batches where the machine affords them, smaller ones (cheaper output layer,
+more and smaller updates) where it does not. `benchmarks/recipe_curves.py`
+measures BLEU against updates and CPU-seconds for each recipe; the table and
+the figures behind `RECIPES` are in the CPU recipes guide (docs/).
+
+Imports TensorFlow only in `matmul_flops_per_second`.
+"""
+
+import dataclasses
+import time
+
+# The share of a budget that goes into training steps; the rest is start-up,
+# the vocabulary, the first step of each batch shape, dev passes, checkpoints
+# and averaging (`keras-transformer train` prints the breakdown at its end).
+STEP_SHARE = 0.75
+# Training steps run at about this share of the matrix-multiply speed measured by
+# `matmul_flops_per_second`: the model's multiplies are smaller than the probe's,
+# and a step also runs softmaxes, layer norms and Adam.
+STEP_EFFICIENCY = 0.5
+# Mean padded sentence length of a batch, in tokens, for `training_flops`.
+MEAN_LENGTH = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """The settings a budget picks: the shared vocabulary's size, the source (and
+    target) tokens of a batch, and the fewest updates for which it is the better
+    choice (`choose`)."""
+
+    vocab_size: int
+    tokens_per_batch: int
+    min_updates: int
+
+    def describe(self):
+        return (f"a {self.vocab_size}-token vocabulary and "
+                f"{self.tokens_per_batch}-token batches")
+
+
+# Best first: each is taken when the budget affords it `min_updates`.
+RECIPES = (
+    Recipe(vocab_size=8000, tokens_per_batch=4096, min_updates=700),
+    Recipe(vocab_size=4000, tokens_per_batch=2048, min_updates=0),
+)
+
+
+def training_flops(model_config, vocab_size, tokens_per_batch, mean_length=MEAN_LENGTH):
+    """Matrix-multiply FLOPs of one training step (forward and backward, 3x the
+    forward's) on a batch of `tokens_per_batch` source and as many target tokens
+    whose sentences are `mean_length` tokens long."""
+    c = model_config
+    d, h, dk, dv = c.d_model, c.num_heads, c.d_k, c.d_v
+    tokens = tokens_per_batch
+
+    def attention(key_length):
+        projections = 2 * d * h * tokens * (2 * dk + 2 * dv)
+        scores = 2 * tokens * key_length * h * (dk + dv)  # Q K^T and weights V
+        return projections + scores
+
+    feed_forward = 2 * 2 * d * c.d_ff * tokens
+    encoder = attention(mean_length) + feed_forward
+    decoder = 2 * attention(mean_length) + feed_forward
+    logits = 2 * tokens * d * vocab_size
+    return 3 * (c.num_layers * (encoder + decoder) + logits)
+
+
+def matmul_flops_per_second(compute_dtype="float32", seconds=0.3):
+    """FLOP/s of TensorFlow multiplying (1024 x 256) by (256 x 4096) matrices in
+    `compute_dtype`, the best of the calls made in about `seconds`."""
+    import tensorflow as tf
+
+    a = tf.cast(tf.random.normal((1024, 256)), compute_dtype)
+    b = tf.cast(tf.random.normal((256, 4096)), compute_dtype)
+    multiply = tf.function(lambda x, y: tf.reduce_sum(tf.cast(tf.matmul(x, y)[0, :1], "float32")))
+    multiply(a, b)  # trace
+    best, deadline = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < deadline or best == float("inf"):
+        start = time.perf_counter()
+        multiply(a, b).numpy()
+        best = min(best, time.perf_counter() - start)
+    return 2 * 1024 * 256 * 4096 / best
+
+
+def estimated_updates(model_config, recipe, budget_seconds, flops_per_second):
+    """The updates `recipe` would get in `budget_seconds` on a CPU that multiplies
+    matrices at `flops_per_second`."""
+    step_seconds = (training_flops(model_config, recipe.vocab_size, recipe.tokens_per_batch)
+                    / (flops_per_second * STEP_EFFICIENCY))
+    return int(budget_seconds * STEP_SHARE / step_seconds)
+
+
+def choose(model_config, budget_seconds, flops_per_second, recipes=RECIPES):
+    """`(recipe, estimates)`: the first of `recipes` whose estimated updates reach
+    its `min_updates` (the last one otherwise), and `[(recipe, updates)]` for the
+    recipes tried, the chosen one last."""
+    estimates = []
+    for recipe in recipes:
+        estimates.append((recipe, estimated_updates(model_config, recipe, budget_seconds,
+                                                    flops_per_second)))
+        if estimates[-1][1] >= recipe.min_updates:
+            break
+    return estimates[-1][0], estimates

@@ -1,0 +1,103 @@
+"""The budget's recipe choice, its FLOP count and where a run's time goes."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from keras_transformer import budget
+from keras_transformer import recipes
+from keras_transformer.config import TransformerConfig
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+
+
+def test_training_flops_is_three_forward_passes_of_the_benchmarks_count():
+    from train_throughput import forward_flops
+
+    config = TransformerConfig.preset("cpu-small", vocab_size=8000)
+    # 4096 source and target tokens: 128 sentences of 32 tokens.
+    assert recipes.training_flops(config, 8000, 4096, mean_length=32) == 3 * forward_flops(
+        config, batch_size=128, source_length=32, target_length=32)
+    # The output layer: 2 x tokens x d_model x vocabulary, three times.
+    assert (recipes.training_flops(config, 8000, 4096) - recipes.training_flops(config, 4000, 4096)
+            == 3 * 2 * 4096 * 256 * 4000)
+
+
+def test_the_budget_takes_the_first_recipe_that_gets_the_updates_it_needs():
+    config = TransformerConfig.preset("cpu-small", vocab_size=8000)
+    big, small = recipes.RECIPES
+    # The speed at which the big recipe gets exactly the updates it needs in 7 minutes.
+    step_seconds = 420 * recipes.STEP_SHARE / big.min_updates
+    just_enough = (recipes.training_flops(config, big.vocab_size, big.tokens_per_batch)
+                   / step_seconds / recipes.STEP_EFFICIENCY) * 1.001
+    chosen, estimates = recipes.choose(config, 420, just_enough)
+    assert chosen == big and estimates == [(big, big.min_updates)]
+    chosen, estimates = recipes.choose(config, 420, just_enough * 0.99)
+    assert chosen == small
+    assert [recipe for recipe, _ in estimates] == [big, small]
+    assert estimates[0][1] == int(big.min_updates * 1.001 * 0.99)  # rounded down
+    # Half the vocabulary and half the batch: more than twice the updates.
+    assert estimates[1][1] > 2 * estimates[0][1]
+
+
+def test_the_time_account_sets_the_dev_passes_apart(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(budget.time, "monotonic", lambda: now[0])
+    account = budget.TimeAccount(start=90.0, fit_phase="steps")
+    account.mark("start-up")                      # 10 s
+    now[0] = 130.0
+    account.on_test_begin()
+    now[0] = 135.0
+    account.on_test_end()                          # a 5-second dev pass
+    now[0] = 160.0
+    account.mark("steps")                          # 60 s, 5 of them the dev pass
+    now[0] = 190.0
+    account.mark("averaging")  # longer than the dev pass: the part stays with its phase
+    account.set_apart("checkpoints", 4.0, "steps")
+    assert account.summary() == {"start-up": 10.0, "steps": 51.0, "averaging": 30.0,
+                                 "dev passes": 5.0, "checkpoints": 4.0}
+    assert account.line() == ("Where the 1.7 minutes went: start-up 10 s, steps 51 s, "
+                              "averaging 30 s, dev passes 5 s, checkpoints 4 s.")
+
+
+def test_training_batches_have_no_autotuning_thread(tokenizer):
+    from keras_transformer import data
+
+    pairs = data.load_parallel("bundled", "dev").take(200)
+    batches = data.TrainingBatches(pairs, tokenizer, tokens_per_batch=256,
+                                   max_sentence_tokens=256, seed=0)
+    # Deleting an iterator waits for its autotuning thread: idle minutes a run.
+    assert batches.dataset(0).options().autotune.enabled is False
+
+
+@pytest.mark.slow
+def test_a_slow_cpu_gets_the_small_recipe_and_the_breakdown(tmp_path, monkeypatch, capsys):
+    from keras_transformer.cli import train
+
+    slow = 5e9  # FLOP/s: the tiny model gets a few hundred updates of the big recipe
+    monkeypatch.setattr(recipes, "matmul_flops_per_second", lambda dtype: slow)
+    run = str(tmp_path / "run")
+    assert train.main(["--out", run, "--model", "tiny", "--time-budget", "0.4",
+                       "--vocab-sentences", "4000",
+                       "--max-sentence-tokens", "24", "--average-last", "2",
+                       "--keep-checkpoints", "2", "--test-sentences", "0",
+                       "--precision", "float32"]) == 0
+    out = capsys.readouterr().out
+    big, small = recipes.RECIPES
+    model = TransformerConfig.preset("tiny", vocab_size=8000)
+    updates = [recipes.estimated_updates(model, recipe, 24, slow) for recipe in (big, small)]
+    assert (f"Recipe for 0.4 minutes on this CPU (float32 matrix multiplies at 5 GFLOP/s): "
+            f"a 4000-token vocabulary and 2048-token batches, about {updates[1]} updates; a "
+            f"8000-token vocabulary and 4096-token batches would get about {updates[0]}, "
+            f"fewer than the {big.min_updates} it needs.") in out
+    with open(os.path.join(run, "config.json")) as f:
+        config = json.load(f)
+    assert config["training"]["tokens_per_batch"] == 2048
+    assert config["training"]["vocab_size"] == 4000
+    line = next(line for line in out.splitlines() if line.startswith("Where the "))
+    for phase in ("start-up", "vocabulary and batches", "timing steps", "steps",
+                  "checkpoints", "dev passes", "averaging and saving"):
+        assert f"{phase} " in line, line
