@@ -197,6 +197,19 @@ def test_output_length_is_bounded_by_input_length_plus_extra(translator, tokeniz
         assert np.all(np.sum(ids != 0, axis=1) <= np.maximum(lengths + extra, 1))
 
 
+def test_each_row_stops_at_its_own_output_limit(translator, tokenizer):
+    """A row's limit is its own source length (truncated to max_input_length)
+    plus extra_length, however long the other rows of the request. This random
+    model ends no translation early (no EOS), so every row runs to its limit."""
+    sentences = SENTENCES + ["Hi.", "And God saw."]
+    source = tokenizer.tokenize(tf.constant(sentences)).to_tensor()
+    lengths = np.minimum(np.sum(source.numpy() != 0, axis=1), MAX_INPUT_LENGTH)
+    assert len(set(lengths)) > 1  # rows shorter than the longest
+    for extra in (0, 3):
+        ids = translator.translate_ids(source, extra_length=tf.constant(extra))["ids"].numpy()
+        np.testing.assert_array_equal(np.sum(ids != 0, axis=1), lengths + extra)
+
+
 # Bad input is answered, not crashed on -------------------------------------------
 
 
