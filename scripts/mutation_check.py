@@ -132,7 +132,7 @@ MUTANTS = [
     mutant("output-limit-off-by-one", "keras_transformer/serving_shapes.py",
            "output_limits = tf.where(padded_lengths > 0, padded_lengths + extra_length, 1)",
            "output_limits = tf.where(padded_lengths > 0, padded_lengths + extra_length + 1, 1)",
-           ["tests/test_serving.py::test_output_length_is_bounded_by_input_length_plus_extra"]),
+           ["tests/test_serving.py::test_each_row_stops_at_its_own_output_limit"]),
     # translate --alpha and --weights ignored.
     mutant("translate-alpha-ignored", "keras_transformer/cli/translate.py",
            "beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,",

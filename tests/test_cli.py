@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import sacrebleu
 import tensorflow as tf
@@ -263,6 +264,79 @@ def test_evaluate_a_tfds_corpus_in_the_chosen_direction(
     scores = json.loads(out)
     assert scores["sentences"] == 3
     assert scores["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references]).score
+
+
+@pytest.mark.slow
+def test_export_flags_land_where_they_act(run_dir, tokenizer, tmp_path, monkeypatch, capsys):
+    """Each export flag observed where it lands: the signatures' defaults, the
+    export's config.json, models.config and the batching file as TF Serving
+    parses them, the warm-up records, the weights' type and which weights."""
+    from keras_transformer import runs
+    from keras_transformer import saved_model
+    from keras_transformer.cli import export
+    from tests.test_saved_model import batching_parameters
+    from tests.test_saved_model import model_server_config
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    warmup = tmp_path / "warmup.txt"
+    warmup.write_text("Jesus wept.\n\nLove your neighbor.\n", encoding="utf-8")
+    out = tmp_path / "exports"
+    _main(export, monkeypatch, capsys, "--run", run_dir, "--out", out, "--weights", "final",
+          "--beam-size", "2", "--beam-sizes", "1,2", "--alpha", "1.25", "--extra-length", "5",
+          "--max-input-length", "12", "--max-batch-size", "8", "--max-input-chars", "300",
+          "--model-name", "wmt", "--warmup-file", warmup, "--precision", "float16",
+          "--jit-compile", "off", "--no-check")
+    path = str(out / "1")
+    with open(os.path.join(path, "assets.extra", saved_model.CONFIG_FILENAME)) as f:
+        config = json.load(f)
+    settings = config["translator"]
+    assert {k: settings[k] for k in ("beam_size", "beam_sizes", "alpha", "extra_length",
+                                     "max_input_length", "max_batch_size", "max_input_chars")} \
+        == {"beam_size": 2, "beam_sizes": [1, 2], "alpha": 1.25, "extra_length": 5,
+            "max_input_length": 12, "max_batch_size": 8, "max_input_chars": 300}
+    assert config["run"]["weights"] == "final"
+    # The defaults a request that leaves the knobs out gets (TF Serving's TF1 session).
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        meta_graph = tf.compat.v1.saved_model.load(session, ["serve"], path)
+        defaults = meta_graph.signature_def["translate"].defaults
+        assert {name: tf.make_ndarray(value).item() for name, value in defaults.items()} == {
+            "beam_size": 2, "alpha": 1.25, "extra_length": 5}
+    [entry] = model_server_config(out / saved_model.MODELS_CONFIG_FILENAME) \
+        .model_config_list.config
+    assert (entry.name, entry.base_path) == ("wmt", "/models/wmt")
+    assert batching_parameters(out / saved_model.BATCHING_FILENAME).max_batch_size.value == 8
+    texts = set()
+    for record in tf.data.TFRecordDataset(
+            os.path.join(path, "assets.extra", saved_model.WARMUP_FILENAME)).as_numpy_iterator():
+        inputs = prediction_log_pb2.PredictionLog.FromString(record).predict_log.request.inputs
+        if "text" in inputs:
+            texts |= {t.decode() for t in tf.make_ndarray(inputs["text"]).reshape(-1)}
+    assert texts == {"Jesus wept.", "Love your neighbor."}
+    # The final model's weights (not the averaged ones), held in float16.
+    def embedding(model):
+        [table] = [w.numpy() for w in model.weights if "shared_embedding" in w.path]
+        return table.astype(np.float16)
+
+    reader = tf.train.load_checkpoint(os.path.join(path, "variables", "variables"))
+    final = embedding(runs.load_run(run_dir, "final")[0])
+    tables = [reader.get_tensor(name) for name, shape in
+              reader.get_variable_to_shape_map().items() if tuple(shape) == final.shape]
+    assert tables and all(table.dtype == np.float16 for table in tables)
+    assert any(np.array_equal(table, final) for table in tables)
+    averaged = embedding(runs.load_run(run_dir, "averaged")[0])
+    assert not any(np.array_equal(table, averaged) for table in tables)
+    loaded = tf.saved_model.load(path)
+    # Too long for --max-input-chars, too many for --max-batch-size: refused.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_input_chars=300"):
+        loaded.translate(tf.constant(["a" * 301]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_batch_size=8"):
+        loaded.translate(tf.constant(["Hi."] * 9))
+
+    _main(export, monkeypatch, capsys, "--run", run_dir, "--out", tmp_path / "ids",
+          "--ids-only", "--beam-sizes", "1", "--beam-size", "1", "--jit-compile", "off",
+          "--no-check")
+    ids_only = tf.saved_model.load(str(tmp_path / "ids" / "1"))
+    assert sorted(ids_only.signatures) == ["serving_default", "translate_ids"]
 
 
 def test_evaluate_reads_corpora_as_train_does(tmp_path):
