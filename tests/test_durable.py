@@ -53,19 +53,21 @@ def test_what_killed_writers_left_is_removed(tmp_path):
     assert all(path.exists() for path in kept) and not any(path.exists() for path in left)
 
 
+# Holds the lock until its stdin closes (or it is killed), however long the test takes.
 _HOLD_LOCK = """
-import sys, time
+import sys
 from keras_transformer import durable
 durable.RunLock(sys.argv[1]).acquire()
 print("held", flush=True)
-time.sleep(60)
+sys.stdin.read()
 """
 
 
 def test_one_trainer_per_run_directory(tmp_path, capsys):
     run = str(tmp_path / "run")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, run], stdout=subprocess.PIPE,
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, run], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE,
                               text=True, env=dict(os.environ, PYTHONPATH=root))
     try:
         assert holder.stdout.readline().strip() == "held"
