@@ -15,10 +15,12 @@ import h5py
 import keras
 import numpy as np
 import pytest
+import sacrebleu
 import tensorflow as tf
 
 import keras_transformer as kt  # also registers the classes model.keras holds
 from keras_transformer import budget
+from keras_transformer import data
 from keras_transformer import runs
 from keras_transformer import training
 from keras_transformer.cli import train
@@ -459,14 +461,22 @@ def test_dev_bleu_in_the_logs_equals_evaluate_py(tmp_path):
              for event in tf.compat.v1.train.summary_iterator(path)
              for value in event.summary.value if value.tag == "epoch_bleu"]
     assert board == pytest.approx(logged, abs=1e-4) and len(logged) == 3
-    # The last BLEU was measured with the final weights, on the first dev pairs.
+    # The last BLEU was measured with the final weights, on the first dev pairs:
+    # sacreBLEU of evaluate.py's translations against the dev targets read here.
+    hypotheses_path = os.path.join(str(tmp_path), "hypotheses.txt")
     evaluated = subprocess.run(
         [sys.executable, os.path.join(ROOT, "evaluate.py"), "--run", run, "--weights", "final",
-         "--test", "bundled", "--split", "dev", "--limit", "32", "--json", "--no-progress"],
+         "--test", "bundled", "--split", "dev", "--limit", "32", "--json", "--no-progress",
+         "--output", hypotheses_path],
         env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=900)
     assert evaluated.returncode == 0, evaluated.stderr
-    bleu = json.loads(evaluated.stdout)["bleu"]
+    with open(hypotheses_path, encoding="utf-8") as f:
+        hypotheses = f.read().split("\n")[:-1]
+    references = [pair["target"].decode() for pair in
+                  data.load_parallel("bundled", "dev").take(32).as_numpy_iterator()]
+    bleu = sacrebleu.corpus_bleu(hypotheses, [references]).score
     assert bleu > 0 and bleu == pytest.approx(logged[-1], abs=1e-6)
+    assert json.loads(evaluated.stdout)["bleu"] == bleu
 
 
 @pytest.mark.slow
