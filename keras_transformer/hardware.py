@@ -101,6 +101,8 @@ def detect(strategy):
     """The `Device` that `strategy`'s replicas run on."""
     import tensorflow as tf
 
+    if strategy is tf.distribute.get_strategy() and not tf.distribute.in_cross_replica_context():
+        return Device("cpu", count=1, cpu_flags=cpu_flags())  # the default strategy, no GPU
     # e.g. "/job:localhost/replica:0/task:0/device:GPU:0"
     kinds = {tf.DeviceSpec.from_string(name).device_type
              for name in strategy.extended.worker_devices}

@@ -90,13 +90,14 @@ def test_a_slow_cpu_gets_the_small_recipe_and_the_breakdown(tmp_path, monkeypatc
     model = TransformerConfig.preset("tiny", vocab_size=8000)
     updates = [recipes.estimated_updates(model, recipe, 24, slow) for recipe in (big, small)]
     assert (f"Recipe for 0.4 minutes on this CPU (float32 matrix multiplies at 5 GFLOP/s): "
-            f"a 4000-token vocabulary and 2048-token batches, about {updates[1]} updates; a "
-            f"8000-token vocabulary and 4096-token batches would get about {updates[0]}, "
-            f"fewer than the {big.min_updates} it needs.") in out
+            f"a 4000-token vocabulary, 2048-token batches, dropout 0, about {updates[1]} "
+            f"updates; a 8000-token vocabulary, 4096-token batches, dropout 0.1 would get "
+            f"about {updates[0]}, fewer than the {big.min_updates} it needs.") in out
     with open(os.path.join(run, "config.json")) as f:
         config = json.load(f)
     assert config["training"]["tokens_per_batch"] == 2048
     assert config["training"]["vocab_size"] == 4000
+    assert config["model"]["dropout_rate"] == 0.0
     line = next(line for line in out.splitlines() if line.startswith("Where the "))
     for phase in ("start-up", "vocabulary and batches", "timing steps", "steps",
                   "checkpoints", "dev passes", "averaging and saving"):

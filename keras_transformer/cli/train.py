@@ -116,7 +116,9 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     # A budget on a CPU: the vocabulary and batches that this CPU's speed affords.
     if (config.time_budget and saved is None and device.kind == "cpu" and not config.init_from
             and not {"vocab_size", "tokens_per_batch"} & explicit):
-        config, recipe_line = choose_recipe(config, model_config, recipes)
+        config, model_config, recipe_line = choose_recipe(
+            config, model_config, recipes,
+            keep_dropout="dropout_rate" in model_overrides or args.model_config is not None)
         print(recipe_line, flush=True)
     account.mark("start-up")
     # On a multi-worker run every worker computes, only the chief writes, and --out
@@ -236,18 +238,21 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     return 0
 
 
-def choose_recipe(config, model_config, recipes):
-    """`config` with the vocabulary size and batch tokens of the recipe that this
-    CPU's measured speed affords in the budget (`recipes.choose`), and a line
-    saying what was chosen and why."""
+def choose_recipe(config, model_config, recipes, keep_dropout=False):
+    """`(config, model_config, line)`: the configs with the vocabulary size, batch
+    tokens and (unless `keep_dropout`) dropout of the recipe that this CPU's
+    measured speed affords in the budget (`recipes.choose`), and a line saying
+    what was chosen and why."""
     compute_dtype = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(
         config.precision, "float32")
     flops = recipes.matmul_flops_per_second(compute_dtype)
     recipe, estimates = recipes.choose(model_config, config.time_budget * 60, flops)
     config = dataclasses.replace(config, vocab_size=recipe.vocab_size,
                                  tokens_per_batch=recipe.tokens_per_batch)
+    if not keep_dropout:
+        model_config = dataclasses.replace(model_config, dropout_rate=recipe.dropout_rate)
     passed = "".join(f"; {other.describe()} would get about {updates}, fewer than the "
                      f"{other.min_updates} it needs" for other, updates in estimates[:-1])
-    return config, (f"Recipe for {config.time_budget:g} minutes on this CPU ({compute_dtype} "
+    return config, model_config, (f"Recipe for {config.time_budget:g} minutes on this CPU ({compute_dtype} "
                     f"matrix multiplies at {flops / 1e9:.0f} GFLOP/s): {recipe.describe()}, "
                     f"about {estimates[-1][1]} updates{passed}.")
