@@ -23,9 +23,10 @@ import time
 # and averaging (`keras-transformer train` prints the breakdown at its end).
 STEP_SHARE = 0.75
 # Training steps run at about this share of the matrix-multiply speed measured by
-# `matmul_flops_per_second`: the model's multiplies are smaller than the probe's,
-# and a step also runs softmaxes, layer norms and Adam.
-STEP_EFFICIENCY = 0.5
+# `matmul_flops_per_second` (0.72 for cpu-small's float32 steps on 2 cores of a
+# Zen 4 EPYC with oneDNN held to AVX2): the model's multiplies are smaller than
+# the probe's, and a step also runs softmaxes, layer norms and Adam.
+STEP_EFFICIENCY = 0.7
 # Mean padded sentence length of a batch, in tokens, for `training_flops`.
 MEAN_LENGTH = 32
 
