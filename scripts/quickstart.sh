@@ -3,7 +3,7 @@
 # train a small model (keras-transformer train), export it as a SavedModel (export),
 # reload the export to translate sample sentences (translate), and print its
 # sacreBLEU on 500 test pairs (evaluate), with the command that pip installed.
-# Training gets 7 of the job's 10 minutes, and chooses its vocabulary, batch size
+# Training gets 8 of the job's 10 minutes, and chooses its vocabulary, batch size
 # and dropout from the CPU's measured speed (docs/cpu-recipes.md, with the
 # figures). Extra arguments go to keras-transformer train, e.g. --time-budget 20
 # for a better model.
@@ -16,7 +16,7 @@ export_dir=${EXPORT_DIR:-exports/quickstart}
 kt=.venv/bin/keras-transformer
 
 echo "== 1/4 train: $run"
-"$kt" train --out "$run" --time-budget 7 --test-sentences 0 "$@"
+"$kt" train --out "$run" --time-budget 8 --test-sentences 0 "$@"
 echo "== 2/4 export: $export_dir"
 rm -rf "$export_dir"
 "$kt" export --run "$run" --out "$export_dir"
