@@ -2,15 +2,15 @@
 updates and against CPU-seconds, for each recipe trained for the same wall-clock
 budget, as JSON and a plot. The figures behind `keras_transformer.recipes.RECIPES`.
 
-    python benchmarks/recipe_curves.py                                  # both recipes, 7 minutes each
+    python benchmarks/recipe_curves.py                                  # the RECIPES, 8 minutes each
     python benchmarks/recipe_curves.py --cpus 0 --precision float32     # a slow CPU's stand-in
-    python benchmarks/recipe_curves.py --recipes 4000/2048 --minutes 1 --dev-pairs 20
+    python benchmarks/recipe_curves.py --recipes 4000/2048/0 --minutes 1 --dev-pairs 20
 
-Each recipe (VOCABULARY/TOKENS: the shared vocabulary's size and the source
-tokens of a batch) trains in a process of its own, one after the other, with
-`keras-transformer train --time-budget MINUTES` and the run's other defaults
-(`--model auto`, the planned warm-up), on the CPUs `--cpus` names (all by
-default). Then its kept checkpoints (`--curve-points` of them, spread over the
+Each recipe (VOCABULARY/TOKENS/DROPOUT: the shared vocabulary's size, the source
+tokens of a batch and P_drop; by default those of `keras_transformer.recipes.RECIPES`)
+trains in a process of its own, one after the other, with `keras-transformer
+train --time-budget MINUTES` and the run's other defaults (`--model auto`, the
+planned warm-up) or `--train-flags`, on the CPUs `--cpus` names (all by default). Then its kept checkpoints (`--curve-points` of them, spread over the
 run) and its averaged weights translate the first `--dev-pairs` dev pairs with
 beam search (beam 4, alpha 0.6); each point records the step, the process's
 CPU-seconds and the wall-clock seconds at that checkpoint (from log.csv), and
@@ -31,6 +31,8 @@ import reporting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from keras_transformer.recipes import RECIPES  # noqa: E402 (no TensorFlow)
+
 TRAIN_COMMAND = [sys.executable, "-m", "keras_transformer", "train"]
 
 
@@ -39,12 +41,17 @@ def log(message):
 
 
 def parse_recipe(text):
+    """`(vocab_size, tokens_per_batch, dropout_rate)` of "VOCABULARY/TOKENS/DROPOUT"."""
     try:
-        vocab_size, tokens_per_batch = (int(part) for part in text.split("/"))
+        vocab_size, tokens_per_batch, dropout_rate = text.split("/")
+        return int(vocab_size), int(tokens_per_batch), float(dropout_rate)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"a recipe is VOCABULARY/TOKENS, e.g. 8000/4096. Received: {text!r}") from None
-    return vocab_size, tokens_per_batch
+        raise ValueError(f"a recipe is VOCABULARY/TOKENS/DROPOUT, e.g. 8000/4096/0.1. "
+                         f"Received: {text!r}") from None
+
+
+def recipe_name(vocab_size, tokens_per_batch, dropout_rate):
+    return f"{vocab_size}/{tokens_per_batch}/{dropout_rate:g}"
 
 
 def read_log(path):
@@ -63,7 +70,7 @@ def spread(items, count):
     return [items[round(last - i * last / (count - 1))] for i in reversed(range(count))]
 
 
-def run_recipe(args, vocab_size, tokens_per_batch, directory):
+def run_recipe(args, vocab_size, tokens_per_batch, dropout_rate, directory):
     """Trains one recipe for the budget, then scores its checkpoints."""
     from keras_transformer import data
     from keras_transformer import evaluation
@@ -74,9 +81,11 @@ def run_recipe(args, vocab_size, tokens_per_batch, directory):
     run_dir = os.path.join(directory, "run")
     command = [*TRAIN_COMMAND, "--out", run_dir, "--time-budget", repr(args.minutes),
                "--vocab-size", str(vocab_size), "--tokens-per-batch", str(tokens_per_batch),
-               "--precision", args.precision, "--test-sentences", "0",
-               "--keep-checkpoints", str(args.keep_checkpoints), "--seed", str(args.seed)]
-    log(f"{vocab_size}/{tokens_per_batch}: {shlex.join(command[1:])}")
+               "--dropout-rate", repr(dropout_rate), "--precision", args.precision,
+               "--test-sentences", "0", "--keep-checkpoints", str(args.keep_checkpoints),
+               "--seed", str(args.seed), *shlex.split(args.train_flags)]
+    name = recipe_name(vocab_size, tokens_per_batch, dropout_rate)
+    log(f"{name}: {shlex.join(command[1:])}")
     with open(os.path.join(directory, "train.log"), "w") as output:
         result = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT,
                                 check=False)
@@ -91,10 +100,10 @@ def run_recipe(args, vocab_size, tokens_per_batch, directory):
     final = evaluation.evaluate(translator, pairs)
     last_step = checkpoints[-1][0]
     record = {"vocab_size": vocab_size, "tokens_per_batch": tokens_per_batch,
-              "steps": last_step, "cpu_seconds": times[last_step][0],
+              "dropout_rate": dropout_rate, "steps": last_step, "cpu_seconds": times[last_step][0],
               "elapsed_seconds": times[last_step][1], "bleu": round(final["bleu"], 2),
               "samples": final["hypotheses"][:3], "command": shlex.join(command[1:])}
-    log(f"{vocab_size}/{tokens_per_batch}: {last_step} steps, averaged weights: "
+    log(f"{name}: {last_step} steps, averaged weights: "
         f"sacreBLEU {final['bleu']:.2f}")
     training.compile_for_training(model)  # the checkpoints hold optimizer state too
     record["curve"] = []
@@ -103,7 +112,7 @@ def run_recipe(args, vocab_size, tokens_per_batch, directory):
         bleu = evaluation.evaluate(translator, pairs)["bleu"]
         record["curve"].append({"steps": step, "cpu_seconds": times[step][0],
                                 "elapsed_seconds": times[step][1], "bleu": round(bleu, 2)})
-        log(f"{vocab_size}/{tokens_per_batch}: step {step}: sacreBLEU {bleu:.2f}")
+        log(f"{name}: step {step}: sacreBLEU {bleu:.2f}")
     return record
 
 
@@ -126,7 +135,7 @@ def plot(report, path):
     by_steps.set_ylabel(f"sacreBLEU, {report['dev_pairs']} dev pairs (checkpoint alone)")
     for axes in (by_steps, by_cpu):
         axes.grid(alpha=0.3)
-        axes.legend(title="vocabulary/batch tokens", fontsize=8)
+        axes.legend(title="vocabulary/batch tokens/dropout", fontsize=8)
     figure.suptitle(f"{report['minutes']:g}-minute budget, {report['precision']}, "
                     f"CPUs {report['cpus'] or 'all'} ({report['cpu_flags']['model_name']})",
                     fontsize=10)
@@ -137,10 +146,14 @@ def plot(report, path):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--recipes", default="8000/4096,4000/2048",
-                        help="comma-separated VOCABULARY/TOKENS recipes")
-    parser.add_argument("--minutes", type=float, default=7.0,
-                        help="each recipe's wall-clock training budget")
+    parser.add_argument("--recipes", default=",".join(
+                            recipe_name(r.vocab_size, r.tokens_per_batch, r.dropout_rate)
+                            for r in RECIPES),
+                        help="comma-separated VOCABULARY/TOKENS/DROPOUT recipes")
+    parser.add_argument("--minutes", type=float, default=8.0,
+                        help="each recipe's wall-clock training budget (the quickstart's)")
+    parser.add_argument("--train-flags", default="",
+                        help="more keras-transformer train flags, e.g. '--model tiny'")
     parser.add_argument("--precision", default="auto",
                         help="keras-transformer train --precision")
     parser.add_argument("--cpus", default="",
@@ -153,7 +166,10 @@ def parse_args(argv=None):
     parser.add_argument("--verbose", action="store_true",
                         help="TensorFlow's own log lines too")
     args = parser.parse_args(argv)
-    args.recipes = [parse_recipe(text) for text in args.recipes.split(",") if text.strip()]
+    try:
+        args.recipes = [parse_recipe(text) for text in args.recipes.split(",") if text.strip()]
+    except ValueError as error:
+        parser.error(str(error))
     if args.minutes <= 0 or args.dev_pairs < 1 or args.curve_points < 1:
         parser.error("--minutes, --dev-pairs and --curve-points must be positive")
     return args
@@ -161,23 +177,22 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    if not args.verbose:
-        quiet_libraries()
+    quiet_libraries()  # unless --verbose
     if args.cpus:  # the training processes inherit it
         os.sched_setaffinity(0, {int(cpu) for cpu in args.cpus.split(",")})
     out_dir = os.path.abspath(args.out_dir)
     report = {"benchmark": "recipe_curves", "minutes": args.minutes,
               "precision": args.precision, "cpus": args.cpus, "dev_pairs": args.dev_pairs,
               "cpu_flags": cpu_flags(), "recipes": {}}
-    for vocab_size, tokens_per_batch in args.recipes:
-        directory = os.path.join(out_dir, f"{vocab_size}-{tokens_per_batch}")
+    for recipe in args.recipes:
+        directory = os.path.join(out_dir, recipe_name(*recipe).replace("/", "-"))
         os.makedirs(directory, exist_ok=True)
         try:
-            record = run_recipe(args, vocab_size, tokens_per_batch, directory)
+            record = run_recipe(args, *recipe, directory)
         except RuntimeError as error:
             print(f"recipe_curves.py: {error}", file=sys.stderr)
             return 1
-        report["recipes"][f"{vocab_size}/{tokens_per_batch}"] = record
+        report["recipes"][recipe_name(*recipe)] = record
     reporting.write_report(report, out_dir, os.path.join(out_dir, "recipe_curves.png"),
                            plot, log)
     return 0

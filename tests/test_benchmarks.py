@@ -193,3 +193,31 @@ def test_precision_quality_prints_json(tmp_path, tokenizer, model):
     # The benchmark's own lines on stderr, the libraries' log lines off it.
     assert "float32: BLEU" in result.stderr and "bfloat16: BLEU" in result.stderr
     assert LIBRARY_LOG_LINE.search(result.stderr.encode()) is None, result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_recipe_curves_prints_json(tmp_path):
+    """One tiny recipe for a few seconds: its curve is its kept checkpoints, each
+    at the step, CPU-seconds and sacreBLEU of its own."""
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "recipe_curves.py"),
+               "--recipes", "600/256/0", "--minutes", "0.3", "--dev-pairs", "5",
+               "--curve-points", "2", "--precision", "float32", "--out-dir",
+               str(tmp_path / "out"), "--train-flags",
+               "--model tiny --vocab-sentences 4000 --max-sentence-tokens 24"]
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not any(LIBRARY_LOG_LINE.match(line.encode())
+                   for line in result.stderr.splitlines()), result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    record = report["recipes"]["600/256/0"]
+    assert (record["vocab_size"], record["tokens_per_batch"], record["dropout_rate"]) == (
+        600, 256, 0.0)
+    with open(tmp_path / "out" / "600-256-0" / "run" / "config.json") as f:
+        config = json.load(f)
+    assert config["model"]["dropout_rate"] == 0.0 and config["training"]["vocab_size"] == 600
+    steps = [point["steps"] for point in record["curve"]]
+    assert len(steps) == 2 and steps == sorted(steps) and steps[-1] == record["steps"]
+    assert all(0 <= point["bleu"] <= 100 for point in record["curve"])
+    assert {"avx2", "avx512f"} <= set(report["cpu_flags"])
+
