@@ -53,7 +53,8 @@ non-finite `alpha` or ids outside the vocabulary give an `InvalidArgument` error
 that says what was received.
 
 Without tensorflow-text (which stock TF Serving links in), `Translator(model,
-None)` (`export --ids-only`) exports `translate_ids` alone. Outputs hold at most
+None)` (`export --ids-only`) exports only signatures that take token ids
+(`serving_default` and `translate_ids`). Outputs hold at most
 `source tokens + extra_length` tokens (EOS included) and `max_output_length`.
 """
 

@@ -76,7 +76,8 @@ def parse_args(argv, prog=PROG):
                              "runs without XLA, else float32 (export on the CPU kind that "
                              "serves)")
     parser.add_argument("--ids-only", action="store_true",
-                        help="export translate_ids alone, for TensorFlow without "
+                        help="export only signatures that take token ids "
+                             "(serving_default and translate_ids), for TensorFlow without "
                              "tensorflow-text ops")
     parser.add_argument("--warmup-file", default=None,
                         help="sentences (one a line) for the TF Serving warm-up requests "
