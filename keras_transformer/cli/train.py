@@ -73,6 +73,9 @@ def parse_args(argv, prog=PROG):
 
 
 def main(argv=None, prog=PROG):
+    # Right for decoding only (cli/common.start_decoding): oneDNN would go on
+    # multiplying by the weights as first reordered while training changes them.
+    os.environ.pop("TF_ONEDNN_ASSUME_FROZEN_WEIGHTS", None)
     argv = sys.argv[1:] if argv is None else argv
     if "--verbose" not in argv:  # before parse_args imports TensorFlow
         quiet_libraries()
