@@ -246,8 +246,9 @@ def choose_recipe(config, model_config, recipes, keep_dropout=False):
     tokens and (unless `keep_dropout`) dropout of the recipe that this CPU's
     measured speed affords in the budget (`recipes.choose`), and a line saying
     what was chosen and why."""
-    compute_dtype = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(
-        config.precision, "float32")
+    import keras
+
+    compute_dtype = keras.DTypePolicy(config.precision).compute_dtype
     flops = recipes.matmul_flops_per_second(compute_dtype)
     recipe, estimates = recipes.choose(model_config, config.time_budget * 60, flops)
     config = dataclasses.replace(config, vocab_size=recipe.vocab_size,
