@@ -201,6 +201,7 @@ def _load_tfds(name, split, source_language, target_language, data_dir, download
     )
     if download:
         builder.download_and_prepare()
+    split = _tfds_split(split, builder.info.splits)  # known once prepared
     dataset = builder.as_dataset(split=split, shuffle_files=False)
     return dataset.map(
         lambda example: {
@@ -208,6 +209,16 @@ def _load_tfds(name, split, source_language, target_language, data_dir, download
             "target": example[target_language],
         }
     )
+
+
+def _tfds_split(split, splits):
+    """`split` with "dev" read as "validation" ("dev[:10%]" as "validation[:10%]")
+    where the dataset's `splits` (names) have a validation split and no dev
+    split: the bundled corpus and train.py call it dev."""
+    name = split.split("[", 1)[0]
+    if name == "dev" and "dev" not in splits and "validation" in splits:
+        return "validation" + split[len(name):]
+    return split
 
 
 def _default_direction(config, keys):

@@ -222,6 +222,21 @@ def test_tfds_chosen_direction_and_split(tfds):
     assert pairs == expected and len(pairs) == 3
 
 
+def test_tfds_dev_means_validation(tfds):
+    """train.py and evaluate call it dev; WMT's TFDS datasets call it validation.
+    (tfds.testing.mock_data ignores the split, so the rule is checked alone.)"""
+    from keras_transformer.data.corpora import _tfds_split
+
+    wmt = {"train", "validation", "test"}
+    assert _tfds_split("dev", wmt) == "validation"
+    assert _tfds_split("dev[:10%]", wmt) == "validation[:10%]"
+    assert _tfds_split("dev", {"train", "dev"}) == "dev"
+    assert _tfds_split("development", wmt) == "development"
+    assert _tfds_split("test", wmt) == "test"
+    with tfds.testing.mock_data(num_examples=2):
+        assert len(as_pairs(data.load_parallel("tfds:wmt14_translate/de-en", "dev"))) == 2
+
+
 def test_tfds_unknown_names_and_keys(tfds):
     with tfds.testing.mock_data(num_examples=2):
         with pytest.raises(ValueError, match="unknown TFDS dataset 'no_such_corpus'"):
