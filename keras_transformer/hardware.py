@@ -1,25 +1,24 @@
 """The device a run trains on, and the settings that fit it (`--precision auto`,
 `--jit-compile auto`, `--length-buckets 0`).
 
-What `auto` picks, and why (figures in docs/gpu-and-distribution.md):
-- GPUs and TPUs: XLA, since without it the base model's step was 2.7x slower on an
-  H100 (0.271 s against 0.100 s in float32); mixed_bfloat16 where the device has
-  bfloat16 (TPUs, NVIDIA compute capability 8.0 and later: 1.75x float32's step
-  under XLA on an H100), mixed_float16 with loss scaling on older GPUs; batches
-  in a few fixed shapes, so that XLA compiles a known number of times.
+What `auto` picks, and why (the measurements: docs/gpu-and-distribution.md,
+docs/cpu-recipes.md and docs/benchmarks.md, from benchmarks/train_throughput.py and
+benchmarks/decode_throughput.py):
+- GPUs and TPUs: XLA, without which the base model's step is several times slower;
+  mixed_bfloat16 where the device has bfloat16 (TPUs, NVIDIA compute capability 8.0
+  and later), mixed_float16 with loss scaling on older GPUs; batches in a few fixed
+  shapes, so that XLA compiles a known number of times.
 - CPUs: TensorFlow's own kernels (XLA:CPU's matrix multiplies are slower than
   oneDNN's, and every batch shape compiles); mixed_bfloat16 where the CPU
-  multiplies bfloat16 in hardware (AMX, AVX512-BF16: 1.57x and 1.56x float32's
-  step for cpu-small and base), else float32; the fine length buckets.
+  multiplies bfloat16 in hardware (AMX, AVX512-BF16), else float32; the fine
+  length buckets.
 
 For decoding (`export --jit-compile auto`, `decoding_jit_compile`): XLA where a GPU
-is visible (14x the speed of the export without it on an H100), not on a CPU: there
-it answers one sentence faster (the base model in 0.63x the time on a 2-core Zen 5
-EPYC) but batches slower (2.0x at 32 sentences), and a stock model server runs it only
-with `--xla_cpu_compilation_enabled` (`export --xla-max-batch-size 4`: XLA for
-requests of up to 4 sentences alone). Without XLA,
-the search multiplies by transposed kernels on CPUs without AVX-512 only
-(`decoding_transposed_kernels`; figures in `layers/_matmul.py`).
+is visible, not on a CPU: there it answers one sentence faster but batches slower,
+and a stock model server runs it only with `--xla_cpu_compilation_enabled`
+(`export --xla-max-batch-size 4`: XLA for requests of up to 4 sentences alone).
+Without XLA, the search multiplies by transposed kernels on CPUs without AVX-512
+only (`decoding_transposed_kernels`).
 
 Imports TensorFlow only in `detect`, `decoding_jit_compile` and
 `decoding_transposed_kernels`.
@@ -186,9 +185,10 @@ def decoding_precision(setting, jit_compile=False, flags=None):
 def decoding_transposed_kernels(flags=None):
     """Whether a search's steps multiply by kernels stored transposed, `x W^T`
     (`Transformer.step_function(transposed_kernels=True)`): on a CPU without
-    AVX-512, where oneDNN runs that layout up to 1.8x faster, and not with
-    AVX-512 (1.4x to 3.7x slower in float32) or on a GPU. `flags`: `cpu_flags()`
-    of the machine that traces the search, by default this one."""
+    AVX-512, where oneDNN runs that layout faster, and not with AVX-512 (slower
+    there in float32) or on a GPU (benchmarks/decode_throughput.py on each CPU
+    kind). `flags`: `cpu_flags()` of the machine that traces the search, by
+    default this one."""
     import tensorflow as tf
 
     if tf.config.list_physical_devices("GPU"):

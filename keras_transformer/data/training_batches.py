@@ -10,8 +10,8 @@ corpus is tokenized once and kept in memory, and every epoch is planned from
 2. each pair goes to its length bucket (as in `make_batches`), and each bucket's
    pairs are cut, in that shuffled order, into full batches of the bucket's size;
    the last, partial batch of each bucket sits this epoch out (the next epoch
-   reshuffles, so it is not always the same pairs; on the bundled corpus, 2% of
-   the pairs an epoch);
+   reshuffles, so it is not always the same pairs: a few percent of the bundled
+   corpus an epoch);
 3. the epoch's batches are shuffled.
 
 So every epoch has the same number of batches, `batches_per_epoch` (the sum over
