@@ -19,7 +19,7 @@ EPYC) but batches slower (2.0x at 32 sentences), and a stock model server runs i
 with `--xla_cpu_compilation_enabled` (`export --xla-max-batch-size 4`: XLA for
 requests of up to 4 sentences alone). Without XLA,
 the search multiplies by transposed kernels on CPUs without AVX-512 only
-(`decoding_transposed_kernels`; figures in `layers/_matmul.py`).
+(`decoding_transposed_kernels`, `layers/matmul.py`; see benchmarks/decode_throughput.py).
 
 Imports TensorFlow only in `detect`, `decoding_jit_compile` and
 `decoding_transposed_kernels`.

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from keras_transformer.config import TransformerConfig
 from keras_transformer.layers import Projection
-from keras_transformer.layers import _matmul
+from keras_transformer.layers import matmul
 from keras_transformer.model import build_transformer
 
 NAMES = ["query", "attention_output", "feed_forward"]
@@ -97,20 +97,20 @@ def test_model_gradients_under_xla_equal_with_the_fast_path_off(monkeypatch):
     targets = rng.integers(1, 40, (2, 5)).astype("int32")
     model(inputs)
 
-    under_xla_on_cpu = _matmul._under_xla_on_cpu
+    under_xla_on_cpu = matmul._under_xla_on_cpu
     decisions = []
 
     def recorded():
         decisions.append(under_xla_on_cpu())
         return decisions[-1]
 
-    monkeypatch.setattr(_matmul, "_under_xla_on_cpu", recorded)
+    monkeypatch.setattr(matmul, "_under_xla_on_cpu", recorded)
     fast = _model_gradients(model, inputs, targets)
     # Each projection, one per kernel, took the fast path.
     kernels = [v for v in model.trainable_variables if v.path.endswith("/kernel")]
     assert len(decisions) == len(kernels) and all(decisions), decisions
 
-    monkeypatch.setattr(_matmul, "_under_xla_on_cpu", lambda: False)
+    monkeypatch.setattr(matmul, "_under_xla_on_cpu", lambda: False)
     plain = _model_gradients(model, inputs, targets)
     assert len(fast) == len(plain) == len(model.trainable_variables)
     for variable, a, b in zip(model.trainable_variables, fast, plain):
@@ -130,12 +130,12 @@ def _imported_at_module_level(node):
 
 
 def test_layers_import_no_private_framework_module_at_import_time():
-    """`import tensorflow` itself loads the private modules `_matmul` uses, so
+    """`import tensorflow` itself loads the private modules `matmul` uses, so
     `sys.modules` cannot tell; the layers' sources can."""
     private = ("tensorflow.", "keras.src")
     found = [
         f"{path.name}: {module}"
-        for path in sorted(pathlib.Path(_matmul.__file__).parent.glob("*.py"))
+        for path in sorted(pathlib.Path(matmul.__file__).parent.glob("*.py"))
         for module in _imported_at_module_level(ast.parse(path.read_text()))
         if module.startswith(private)
     ]
