@@ -5,7 +5,9 @@ import types
 import typing
 
 
-@dataclasses.dataclass(frozen=True)
+# eq=False: hashed and compared by identity (its tensors have no truth value), so
+# that it may also be an argument of a tf.function.
+@dataclasses.dataclass(frozen=True, eq=False)
 class SearchOptions:
     """Inference-only ways of running a search's decoding steps, with the same numbers.
 

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from keras_transformer.config import TransformerConfig
 from keras_transformer.layers import Projection
+from keras_transformer.layers import SearchOptions
 from keras_transformer.layers import matmul
 from keras_transformer.model import build_transformer
 
@@ -64,6 +65,25 @@ def test_layers_sharing_an_initializer_get_different_kernels(seeded):
     first.build((None, 8))
     second.build((None, 8))
     assert not np.array_equal(first.kernel, second.kernel)
+
+
+@pytest.mark.parametrize("name", ["query", "attention_output"])
+def test_search_options_with_its_transposed_kernel_equal_the_plain_call(name):
+    """A layer finds its own copy in the options by its kernel's path and
+    multiplies `x W^T` (in a graph); options without a copy of its kernel, or
+    none, leave `x W`."""
+    _, layer, input_shape = _pair(name)
+    x = np.random.default_rng(4).standard_normal(input_shape).astype("float32")
+    expected = layer(x)
+    own = {layer.kernel.path: matmul.transposed_copy(layer.kernel, layer.contracted)}
+    for copies, transposed_products in ((own, 1), ({"another/kernel": own[layer.kernel.path]}, 0),
+                                        (None, 0)):
+        options = None if copies is None else SearchOptions(transposed_kernels=copies)
+        function = tf.function(lambda x, options=options: layer(x, search_options=options))
+        np.testing.assert_allclose(function(x), expected, rtol=1e-5, atol=1e-5)
+        graph = function.get_concrete_function(tf.TensorSpec(input_shape)).graph
+        assert transposed_products == sum(
+            op.type == "MatMul" and op.get_attr("transpose_b") for op in graph.get_operations())
 
 
 def test_invalid_arguments_name_the_value():
