@@ -29,22 +29,16 @@ class MultiHeadAttention(keras.layers.Layer):
     bias), so weights load one-to-one from and into it. The four projections are
     `Projection` layers.
 
-    For step-by-step decoding the layer takes a cache, a tuple `(key_cache,
-    value_cache)`, heads first, as keras-hub's `CachedMultiHeadAttention` does:
-    - with `cache_update_index` (self-attention), the fixed-size cache of
-      `layers/kv_cache.py`, `(B, h, L * G, d_k)` and `(B, h, L * G, d_v)`: the
-      query's `B * G` rows write their keys and values at that position of
-      their slots, and attend over all `L * G` entries of their group. With
-      `G = 1` `use_causal_mask=True` masks the positions after the query's own
-      (the unwritten ones included); with `G > 1` (a beam search's hypotheses)
-      it masks them in each slot, and `attention_mask` `(B, G * T, L * G)`
-      says which slot holds which position of each row's prefix;
-    - without `cache_update_index` (cross-attention), precomputed keys
-      `(B, h, S, d_k)` and values `(B, h, S, d_v)` (see `project_key_value`);
-      `value` and `key` are ignored. The query may have `B * G` rows: rows
-      `b * G .. b * G + G - 1` (the beams of source `b`) attend to entry `b`,
-      which is then read once for all of them.
-    Each write returns the updated cache.
+    For step-by-step decoding the layer takes a cache `(key_cache, value_cache)`,
+    heads first, as keras-hub's `CachedMultiHeadAttention` does. With
+    `cache_update_index` (self-attention) it is the fixed-size cache of
+    `layers/kv_cache.py`, `(B, h, L * G, d)`: the query's `B * G` rows write their
+    keys and values at that position of their slots, attend over all `L * G`
+    entries of their group, and `attention_mask` `(B, G * T, L * G)` says which
+    slot holds which position of each row's prefix (with `G = 1` the causal mask
+    suffices). Without it (cross-attention), the precomputed keys `(B, h, S, d_k)`
+    and values `(B, h, S, d_v)` of `project_key_value`, which the G query rows of
+    source b read once for all of them; `value` and `key` are ignored.
 
     Args:
         num_heads: h, the number of attention heads.
@@ -176,12 +170,12 @@ class MultiHeadAttention(keras.layers.Layer):
     ):
         options = search_options or NO_SEARCH
         query_states = self._query_dense(query, search_options=options)  # (N, T, h, d_k), N = B * G
-        cached_keys = cache is not None and cache_update_index is None
-        if cached_keys:  # cross-attention over precomputed keys and values
+        writes_cache = cache is not None and cache_update_index is not None
+        if cache is not None and not writes_cache:  # cross-attention: precomputed keys, values
             key_states, value_states = cache  # (B, h, S, d_k), (B, h, S, d_v)
         else:
             key_states, value_states = self.project_key_value(value, key, options)  # (N, h, T, d)
-        if cache is not None and not cached_keys:  # self-attention: the new positions join it
+        if writes_cache:  # self-attention: the new positions join the cache
             cache = key_states, value_states = kv_cache.update(  # (B, h, L * G, d)
                 cache, key_states, value_states, cache_update_index,
                 options.write_cache_in_place, options.integer_transposes)
@@ -196,7 +190,7 @@ class MultiHeadAttention(keras.layers.Layer):
             key_length=ops.shape(key_states)[2],
             query_offset=0 if cache_update_index is None else cache_update_index,
             groups=groups,
-            slots=groups if cache is not None and not cached_keys else None,
+            slots=groups if writes_cache else None,
         )
         # The G rows of a group become G * T queries over the group's keys.
         grouped_query = _heads_first(
