@@ -43,7 +43,7 @@ class TransformerDecoderLayer(TransformerBlock):
             (`decoder_sequence` has `B * G` rows; see `layers/kv_cache.py`).
         self_attention_mask: with a cache of G > 1 slots, boolean
             `(B, G * T, T_max * G)`: the slot that holds each position of each
-            row's prefix (`Transformer.decode` builds it).
+            row's prefix (`decoder_cache.write_slots` builds it).
         self_attention_cache_update_index: int scalar, position of
             `decoder_sequence`'s first token.
         cross_attention_cache: optional `(keys (B, h, S, d_k),
