@@ -3,11 +3,12 @@ import math
 import keras
 from keras import ops
 
-from keras_transformer.layers import _cache
-from keras_transformer.layers import _matmul
+from keras_transformer.layers import kv_cache
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.dropout import check_rate
+from keras_transformer.layers.matmul import transpose
 from keras_transformer.layers.projection import Projection
+from keras_transformer.layers.search_options import NO_SEARCH
 
 # Sec. 3.2.3: illegal connections are set to -inf before the softmax. The
 # softmax runs in float32 (also under mixed precision), so a large finite
@@ -28,32 +29,16 @@ class MultiHeadAttention(keras.layers.Layer):
     bias), so weights load one-to-one from and into it. The four projections are
     `Projection` layers.
 
-    For step-by-step decoding the layer takes a cache, a tuple
-    `(key_cache, value_cache)`, heads first (the layout its matmuls read):
-    - with `cache_update_index` (self-attention), a fixed-size cache of shape
-      `(B, h, L * G, d_k)` and `(B, h, L * G, d_v)`: G slots of L positions per
-      row group, position-major (entry `t * G + g` holds position t of slot
-      g). The query has `B * G` rows, batch-major; row `b * G + g` writes the
-      keys and values of its positions at that index of slot `g` of group
-      `b`, and every query attends over all `L * G` entries of its group.
-      With `G = 1` that is the usual cache, one row per query row and
-      `use_causal_mask=True` masks positions after the query's own (the
-      unwritten ones included). With `G > 1` (beam search: the K hypotheses of
-      a source share one group, see `Transformer.reorder_cache`) the causal
-      mask applies to each slot and `attention_mask` `(B, G * T, L * G)` says
-      which slot holds which position of each hypothesis. The step's entries
-      are contiguous, so a search writes them with one slice update and its
-      attention reads the cache as it is: under XLA, a reshape between the
-      two made each step copy the whole cache twice (2.3x the time of a
-      step's cache writes and attention, 16 x 4 rows on a CPU);
-    - without `cache_update_index` (cross-attention), precomputed keys
-      `(B, h, S, d_k)` and values `(B, h, S, d_v)` (see `project_key_value`);
-      `value` and `key` are ignored. The query may have `B * G` rows: rows
-      `b * G .. b * G + G - 1` (the beams of source `b`) attend to entry `b`,
-      which is then read once for all of them.
-    Each write returns the updated cache. Inside `Transformer.step_function`'s
-    `write_cache_in_place` (a search that never reads a cache twice), it
-    overwrites the cache it was given instead of copying it (see `_cache.py`).
+    For step-by-step decoding the layer takes a cache `(key_cache, value_cache)`,
+    heads first, as keras-hub's `CachedMultiHeadAttention` does. With
+    `cache_update_index` (self-attention) it is the fixed-size cache of
+    `layers/kv_cache.py`, `(B, h, L * G, d)`: the query's `B * G` rows write their
+    keys and values at that position of their slots, attend over all `L * G`
+    entries of their group, and `attention_mask` `(B, G * T, L * G)` says which
+    slot holds which position of each row's prefix (with `G = 1` the causal mask
+    suffices). Without it (cross-attention), the precomputed keys `(B, h, S, d_k)`
+    and values `(B, h, S, d_v)` of `project_key_value`, which the G query rows of
+    source b read once for all of them; `value` and `key` are ignored.
 
     Args:
         num_heads: h, the number of attention heads.
@@ -81,6 +66,9 @@ class MultiHeadAttention(keras.layers.Layer):
         return_attention_scores: also return the attention weights
             `(B, h, T, S)` (float32; `S` is `L * G` with a grouped cache).
         training: whether dropout is active.
+        search_options: optional `SearchOptions`, in a search's steps: how the
+            projections multiply, how transposes run and whether the cache is
+            written in place.
 
     Returns:
         `(B, T, d_model)` attention output; then the attention weights if
@@ -155,14 +143,17 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         self._dropout_layer = Dropout(self.dropout, dtype=self.dtype_policy)
 
-    def project_key_value(self, value, key=None):
+    def project_key_value(self, value, key=None, search_options=None):
         """Keys `(B, h, S, d_k)` and values `(B, h, S, d_v)` of a sequence,
         heads first.
 
         Used once per source to fill the cross-attention cache.
         """
         key = value if key is None else key
-        return _heads_first(self._key_dense(key)), _heads_first(self._value_dense(value))
+        options = search_options or NO_SEARCH
+        keys = self._key_dense(key, search_options=options)  # (B, S, h, d_k)
+        values = self._value_dense(value, search_options=options)  # (B, S, h, d_v)
+        return _heads_first(keys, options), _heads_first(values, options)
 
     def call(
         self,
@@ -175,22 +166,22 @@ class MultiHeadAttention(keras.layers.Layer):
         cache_update_index=None,
         return_attention_scores=False,
         training=None,
+        search_options=None,
     ):
-        query_states = self._query_dense(query)  # (N, T, h, d_k), N = B * G rows
-        slots = None
-        if cache is not None and cache_update_index is None:
+        options = search_options or NO_SEARCH
+        query_states = self._query_dense(query, search_options=options)  # (N, T, h, d_k), N = B * G
+        writes_cache = cache is not None and cache_update_index is not None
+        if cache is not None and not writes_cache:  # cross-attention: precomputed keys, values
             key_states, value_states = cache  # (B, h, S, d_k), (B, h, S, d_v)
         else:
-            key_states, value_states = self.project_key_value(value, key)  # (N, h, T, d)
-            if cache is not None:
-                key_cache, value_cache = cache  # (B, h, L * G, d_k), (B, h, L * G, d_v)
-                slots = ops.shape(query_states)[0] // ops.shape(key_cache)[0]  # G
-                start = cache_update_index * slots
-                key_cache = _cache.write(key_cache, _into_slots(key_states, slots), start)
-                value_cache = _cache.write(value_cache, _into_slots(value_states, slots), start)
-                cache = key_states, value_states = key_cache, value_cache
+            key_states, value_states = self.project_key_value(value, key, options)  # (N, h, T, d)
+        if writes_cache:  # self-attention: the new positions join the cache
+            cache = key_states, value_states = kv_cache.update(  # (B, h, L * G, d)
+                cache, key_states, value_states, cache_update_index,
+                options.write_cache_in_place, options.integer_transposes)
 
         batch = ops.shape(key_states)[0]
+        groups = ops.shape(query_states)[0] // batch  # G
         query_length = ops.shape(query_states)[1]
         mask = self._combine_masks(
             attention_mask,
@@ -198,16 +189,16 @@ class MultiHeadAttention(keras.layers.Layer):
             query_length=query_length,
             key_length=ops.shape(key_states)[2],
             query_offset=0 if cache_update_index is None else cache_update_index,
-            groups=ops.shape(query_states)[0] // batch,
-            slots=slots,
+            groups=groups,
+            slots=groups if writes_cache else None,
         )
         # The G rows of a group become G * T queries over the group's keys.
         grouped_query = _heads_first(
-            ops.reshape(query_states, (batch, -1, self.num_heads, self.key_dim)))
+            ops.reshape(query_states, (batch, -1, self.num_heads, self.key_dim)), options)
         outputs, weights = self._attend(grouped_query, key_states, value_states, mask, training)
-        outputs = ops.reshape(_matmul.transpose(outputs, (0, 2, 1, 3)),
-                              (-1, query_length, self.num_heads, self.value_dim))  # (N, T, h, d_v)
-        outputs = self._output_dense(outputs)  # (N, T, d_model)
+        outputs = ops.reshape(_heads_first(outputs, options),  # back to (N, T, h, d_v)
+                              (-1, query_length, self.num_heads, self.value_dim))
+        outputs = self._output_dense(outputs, search_options=options)  # (N, T, d_model)
 
         results = [outputs]
         if return_attention_scores:
@@ -269,18 +260,9 @@ class MultiHeadAttention(keras.layers.Layer):
         return config
 
 
-def _heads_first(states):
-    """`(B, T, h, d)` -> `(B, h, T, d)`."""
-    return _matmul.transpose(states, (0, 2, 1, 3))
-
-
-def _into_slots(states, slots):
-    """New keys or values `(N, h, T, d)` of `N = B * G` rows -> `(B, h, T * G, d)`,
-    position-major."""
-    _, heads, length, depth = ops.shape(states)
-    grouped = ops.reshape(states, (-1, slots, heads, length, depth))
-    positions_first = _matmul.transpose(grouped, (0, 2, 3, 1, 4))  # (B, h, T, G, d)
-    return ops.reshape(positions_first, (-1, heads, length * slots, depth))
+def _heads_first(states, options):
+    """`(B, T, h, d)` -> `(B, h, T, d)` (and back)."""
+    return transpose(states, (0, 2, 1, 3), options.integer_transposes)
 
 
 def _split_groups(weights, query_length):

@@ -40,10 +40,10 @@ class TransformerDecoderLayer(TransformerBlock):
         encoder_padding_mask: optional boolean `(B, S)`, True for real tokens.
         self_attention_cache: optional `(keys (B, h, T_max * G, d_k),
             values (B, h, T_max * G, d_v))`, G slots per group of G rows
-            (`decoder_sequence` has `B * G` rows; see `MultiHeadAttention`).
+            (`decoder_sequence` has `B * G` rows; see `layers/kv_cache.py`).
         self_attention_mask: with a cache of G > 1 slots, boolean
             `(B, G * T, T_max * G)`: the slot that holds each position of each
-            row's prefix (`Transformer.decode` builds it).
+            row's prefix (`decoder_cache.write_slots` builds it).
         self_attention_cache_update_index: int scalar, position of
             `decoder_sequence`'s first token.
         cross_attention_cache: optional `(keys (B, h, S, d_k),
@@ -53,6 +53,8 @@ class TransformerDecoderLayer(TransformerBlock):
             `"self_attention"` `(B, h, T, T)` and `"cross_attention"`
             `(B, h, T, S)` weights.
         training: whether dropout is active.
+        search_options: optional `SearchOptions` of a search's steps, passed
+            to the attention layers and the feed-forward network.
 
     Returns:
         `(B, T, d_model)`; with caches, a tuple `(outputs, self_attention_cache,
@@ -106,6 +108,7 @@ class TransformerDecoderLayer(TransformerBlock):
         cross_attention_cache=None,
         return_attention_scores=False,
         training=None,
+        search_options=None,
     ):
         use_cache = self_attention_cache is not None
         if use_cache and self_attention_cache_update_index is None:
@@ -115,44 +118,32 @@ class TransformerDecoderLayer(TransformerBlock):
         if encoder_sequence is None and cross_attention_cache is None:
             raise ValueError("Pass encoder_sequence or cross_attention_cache.")
 
-        def self_attention(x):
-            outputs = self._self_attention(
-                x,
-                x,
+        def attend(attention, x, value, **arguments):
+            outputs = attention(x, value, return_attention_scores=True, training=training,
+                                search_options=search_options, **arguments)
+            return outputs[0], outputs[1:]  # the output; the weights (and the cache)
+
+        x, (self_weights, *new_self_cache) = residual(
+            self, decoder_sequence,
+            lambda y: attend(
+                self._self_attention, y, y, use_causal_mask=True,
                 # (B, T) padding keys, or (B, G * T, T_max * G) cache slots
                 attention_mask=(
                     decoder_padding_mask if self_attention_mask is None else self_attention_mask
                 ),
-                use_causal_mask=True,
-                cache=self_attention_cache,
-                cache_update_index=self_attention_cache_update_index,
-                return_attention_scores=True,
-                training=training,
-            )
-            return outputs[0], outputs[1:]
-
-        def cross_attention(x):
-            outputs = self._cross_attention(
-                x,
-                encoder_sequence,
-                attention_mask=encoder_padding_mask,  # (B, S)
-                cache=cross_attention_cache,
-                return_attention_scores=True,
-                training=training,
-            )
-            return outputs[0], outputs[1:]
-
-        x, (self_weights, *new_self_cache) = residual(
-            self, decoder_sequence, self_attention, self._self_attention_norm,
-            self._self_attention_dropout, training,
+                cache=self_attention_cache, cache_update_index=self_attention_cache_update_index),
+            self._self_attention_norm, self._self_attention_dropout, training,
         )
         x, (cross_weights, *_) = residual(
-            self, x, cross_attention, self._cross_attention_norm,
-            self._cross_attention_dropout, training,
+            self, x,
+            lambda y: attend(self._cross_attention, y, encoder_sequence,
+                             attention_mask=encoder_padding_mask,  # (B, S)
+                             cache=cross_attention_cache),
+            self._cross_attention_norm, self._cross_attention_dropout, training,
         )
         x, _ = residual(
-            self, x, lambda y: (self._feed_forward(y), None), self._feed_forward_norm,
-            self._feed_forward_dropout, training,
+            self, x, lambda y: (self._feed_forward(y, search_options=search_options), None),
+            self._feed_forward_norm, self._feed_forward_dropout, training,
         )
 
         results = [x]

@@ -54,10 +54,9 @@ class Dropout(keras.layers.Layer):
     element's index and a seed drawn from the layer's `SeedGenerator` on every
     call, kept where the bits are at least `rate * 2^32` (so the rate is exact to
     2^-32). Keras's own dropout draws its mask with Philox, which XLA on a CPU
-    runs as a loop of 64-bit multiplies (about 30 ms for a `(64, 64, 512)` tensor
-    on two cores, 7% of a base model's training step); the hash is 32-bit
-    arithmetic that XLA fuses into the neighbouring elementwise work (about
-    0.5 ms).
+    runs as a loop of 64-bit multiplies, a noticeable share of a base model's
+    training step; the hash is 32-bit arithmetic that XLA fuses into the
+    neighbouring elementwise work (see benchmarks/train_throughput.py).
 
     Args:
         rate: the probability of dropping an element, in [0, 1).

@@ -15,6 +15,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
 
     Call arguments:
         inputs: `(B, T, d_model)`.
+        search_options: optional `SearchOptions`, passed to the projections.
 
     Returns:
         `(B, T, d_model)`.
@@ -53,8 +54,9 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self._inner_dense = projection(self.d_ff, "inner", inputs_shape)
         self._output_dense = projection(d_model, "output", (*inputs_shape[:-1], self.d_ff))
 
-    def call(self, inputs):
-        return self._output_dense(self.activation(self._inner_dense(inputs)))
+    def call(self, inputs, search_options=None):
+        hidden = self.activation(self._inner_dense(inputs, search_options=search_options))
+        return self._output_dense(hidden, search_options=search_options)
 
     def get_config(self):
         config = super().get_config()

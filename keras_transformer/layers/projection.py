@@ -1,6 +1,7 @@
 import keras
 
-from keras_transformer.layers._matmul import dense
+from keras_transformer.layers.matmul import dense
+from keras_transformer.layers.search_options import NO_SEARCH
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -18,13 +19,13 @@ class Projection(keras.layers.Layer):
     therefore move one-to-one between this layer and those, e.g. from and into
     `keras.layers.MultiHeadAttention`'s projections.
 
-    `call` reshapes the product to one 2-D matrix multiply (`_matmul.dense`).
+    `call` reshapes the product to one 2-D matrix multiply (`matmul.dense`).
     TensorFlow runs an einsum such as `abc,cde->abde` as a batch matmul that
     broadcasts the kernel over the batch, so its kernel gradient is a
-    `(B, d, h * d_k)` batch of products summed afterwards (for the base model,
-    64 x 1 MiB written and read per projection); as `(B * T, d) x (d, h * d_k)` it
+    `(B, d, h * d_k)` batch of products summed afterwards (B kernel-sized
+    tensors written and read per projection); as `(B * T, d) x (d, h * d_k)` it
     is one matrix multiply, which under XLA on a CPU also multiplies no transposed
-    operand.
+    operand (see benchmarks/train_throughput.py).
 
     Args:
         units: the trailing axes of the output and the shape of the bias, an
@@ -41,6 +42,8 @@ class Projection(keras.layers.Layer):
 
     Call arguments:
         inputs: `(..., *kernel.shape[:contracted])`.
+        search_options: optional `SearchOptions`; in a search's steps, the layer
+            multiplies by the transposed copy of its kernel they hold, if any.
 
     Returns:
         `(..., *units)`.
@@ -93,8 +96,9 @@ class Projection(keras.layers.Layer):
                 name="bias", shape=self.units, initializer=self.bias_initializer
             )
 
-    def call(self, inputs):
-        return dense(inputs, self.kernel, self.bias, self.contracted)
+    def call(self, inputs, search_options=None):
+        transposed_kernel = (search_options or NO_SEARCH).transposed_kernel(self.kernel)
+        return dense(inputs, self.kernel, self.bias, self.contracted, transposed_kernel)
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)[: len(inputs_shape) - self.contracted] + self.units

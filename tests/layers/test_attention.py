@@ -1,8 +1,11 @@
+import collections
+
 import keras
 import numpy as np
 import pytest
 
 from keras_transformer.layers import MultiHeadAttention
+from keras_transformer.layers import SearchOptions
 
 B, T, S, D, H, DK = 2, 5, 7, 16, 4, 4
 
@@ -120,6 +123,51 @@ def test_grouped_self_attention_cache_reads_the_slots_the_mask_names():
             heads = np.einsum("ht,thd->hd", weights, v)  # (H, DK)
             expected = np.asarray(ours._output_dense(heads[None, None]))[0, 0]
             np.testing.assert_allclose(step[row, 0], expected, atol=1e-5)
+
+
+def test_search_options_change_how_a_cached_step_runs_not_its_result():
+    """A step of G = 2 rows per group over the cache, in a graph: with
+    `SearchOptions(write_cache_in_place=True)` the cache is written with
+    `InplaceUpdate` and the 6 transposes of heads (query, keys, values, their
+    slots, output) move integers; the output and the cache equal those of the
+    step without options (slice updates, float transposes)."""
+    import tensorflow as tf
+
+    ours, _ = _pair()
+    G, L, index = 2, T, 2
+    x = np.random.randn(B * G, 1, D).astype("float32")
+    keys, values = (np.random.randn(B, H, L * G, DK).astype("float32") for _ in range(2))
+    mask = np.ones((B, G, L * G), bool)
+
+    def step(options):
+        def run(x, keys, values):
+            cache = tf.identity(keys), tf.identity(values)  # buffers of the function's own
+            return ours(x, x, use_causal_mask=True, attention_mask=mask, cache=cache,
+                        cache_update_index=index, search_options=options)
+
+        return tf.function(run, autograph=False)
+
+    results, graphs = [], []
+    for options in (None, SearchOptions(write_cache_in_place=True)):
+        function = step(options)
+        results.append(tf.nest.map_structure(np.asarray, function(x, keys, values)))
+        graphs.append(function.get_concrete_function(x, keys, values).graph.get_operations())
+    (plain, plain_cache), (searched, searched_cache) = results
+    np.testing.assert_array_equal(searched, plain)
+    np.testing.assert_array_equal(searched_cache[0], plain_cache[0])
+    np.testing.assert_array_equal(searched_cache[1], plain_cache[1])
+    assert not np.array_equal(plain_cache[0], keys)  # the step wrote its position
+    plain_ops, search_ops = graphs
+    assert "InplaceUpdate" not in {op.type for op in plain_ops}
+    assert [op.type for op in search_ops].count("InplaceUpdate") == 2
+
+    def transposes(ops):
+        return collections.Counter(op.get_attr("T") for op in ops if op.type == "Transpose")
+
+    plain_transposes, search_transposes = transposes(plain_ops), transposes(search_ops)
+    assert plain_transposes[tf.int32] == 0
+    assert search_transposes[tf.int32] == 6
+    assert search_transposes[tf.float32] == plain_transposes[tf.float32] - 6
 
 
 def test_cross_attention_cache_equals_recomputing():

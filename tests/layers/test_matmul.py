@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer.layers import _matmul
+from keras_transformer.layers import matmul
 
 
 def _weights(rng, input_shape, kernel_shape):
@@ -20,9 +20,9 @@ def test_dense_is_tensordot_plus_bias(contracted):
     x, kernel, _ = _weights(rng, (2, 3, 4, 5), (4, 5, 6)[2 - contracted:])
     bias = rng.standard_normal(kernel.shape[contracted:]).astype("float32")
     expected = np.tensordot(x, kernel, axes=contracted) + bias
-    np.testing.assert_allclose(_matmul.dense(x, kernel, bias, contracted), expected,
+    np.testing.assert_allclose(matmul.dense(x, kernel, bias, contracted), expected,
                                rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(_matmul.dense(x, kernel, None, contracted),
+    np.testing.assert_allclose(matmul.dense(x, kernel, None, contracted),
                                expected - bias, rtol=1e-5, atol=1e-5)
 
 
@@ -31,7 +31,7 @@ def _gradients(x, kernel, bias, upstream, jit_compile):
     def gradients(x, kernel, bias, upstream):
         with tf.GradientTape() as tape:
             tape.watch([x, kernel, bias])
-            loss = tf.reduce_sum(_matmul.dense(x, kernel, bias) * upstream)
+            loss = tf.reduce_sum(matmul.dense(x, kernel, bias) * upstream)
         return tape.gradient(loss, [x, kernel, bias])
 
     return gradients, [g.numpy() for g in gradients(x, kernel, bias, upstream)]
@@ -84,7 +84,7 @@ def test_custom_gradient_only_under_xla():
     seen = {}
 
     def probe(tag):
-        seen[tag] = _matmul._under_xla_on_cpu()
+        seen[tag] = matmul._under_xla_on_cpu()
         return tf.constant(0.0)
 
     tf.function(lambda: probe("xla"), jit_compile=True)()
@@ -97,7 +97,7 @@ def test_custom_gradient_only_under_xla():
 def test_transposed_copy_is_the_kernel_as_a_transposed_matrix(contracted):
     kernel = np.arange(4 * 5 * 6, dtype="float32").reshape((4, 5, 6))
     input_size = 4 if contracted == 1 else 20
-    np.testing.assert_array_equal(_matmul.transposed_copy(kernel, contracted),
+    np.testing.assert_array_equal(matmul.transposed_copy(kernel, contracted),
                                   kernel.reshape(input_size, -1).T)
 
 
@@ -109,11 +109,10 @@ def test_dense_multiplying_a_transposed_copy_equals_dense(contracted):
     bias = rng.standard_normal(kernel.shape[contracted:]).astype("float32")
     kernel = tf.constant(kernel)
     expected = np.tensordot(x, kernel, axes=contracted) + bias
-    copies = {id(kernel): _matmul.transposed_copy(kernel, contracted)}
+    copy = matmul.transposed_copy(kernel, contracted)
 
     def run(x):
-        with _matmul.searching(copies):
-            return _matmul.dense(x, kernel, bias, contracted)
+        return matmul.dense(x, kernel, bias, contracted, transposed_kernel=copy)
 
     np.testing.assert_allclose(run(x), expected, rtol=1e-5, atol=1e-5)
     for jit_compile, transposed_products in ((False, 1), (True, 0)):
@@ -122,24 +121,23 @@ def test_dense_multiplying_a_transposed_copy_equals_dense(contracted):
         graph = function.get_concrete_function(tf.TensorSpec(x.shape)).graph
         assert transposed_products == sum(
             op.type == "MatMul" and op.get_attr("transpose_b") for op in graph.get_operations())
-    # Outside the context, the kernel as given.
-    graph = tf.function(lambda x: _matmul.dense(x, kernel, bias, contracted)).get_concrete_function(
+    # Without a copy, the kernel as given.
+    graph = tf.function(lambda x: matmul.dense(x, kernel, bias, contracted)).get_concrete_function(
         tf.TensorSpec(x.shape)).graph
     assert not any(op.type == "MatMul" and op.get_attr("transpose_b")
                    for op in graph.get_operations())
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-def test_transpose_while_searching_moves_integers_in_a_graph(dtype):
-    """Inside `searching`, in a graph: `ops.transpose`'s result from a transpose
+def test_transpose_as_integers_moves_integers_in_a_graph(dtype):
+    """With `as_integers`, in a graph: `ops.transpose`'s result from a transpose
     of integers of the same width (TensorFlow's kernel, not oneDNN's);
-    eagerly, under XLA and outside the context, `ops.transpose` itself."""
+    eagerly, under XLA and without `as_integers`, `ops.transpose` itself."""
     x = tf.cast(tf.reshape(tf.range(2 * 4 * 3 * 5, dtype=tf.float32), (2, 4, 3, 5)) / 7, dtype)
     expected = np.transpose(x.numpy(), (0, 2, 1, 3))
 
     def searching(x):
-        with _matmul.searching():
-            return _matmul.transpose(x, (0, 2, 1, 3))
+        return matmul.transpose(x, (0, 2, 1, 3), as_integers=True)
 
     def types(function):
         graph = function.get_concrete_function(tf.TensorSpec(x.shape, x.dtype)).graph
@@ -150,7 +148,7 @@ def test_transpose_while_searching_moves_integers_in_a_graph(dtype):
     for function, transposed in (
             (tf.function(searching), integer),
             (tf.function(searching, jit_compile=True), tf.as_dtype(dtype)),
-            (tf.function(lambda x: _matmul.transpose(x, (0, 2, 1, 3))), tf.as_dtype(dtype))):
+            (tf.function(lambda x: matmul.transpose(x, (0, 2, 1, 3))), tf.as_dtype(dtype))):
         np.testing.assert_array_equal(function(x).numpy(), expected)
         assert types(function) == [("Transpose", transposed)]
     np.testing.assert_array_equal(searching(x).numpy(), expected)

@@ -8,7 +8,8 @@ import tensorflow as tf
 
 from keras_transformer.config import TransformerConfig
 from keras_transformer.layers import Projection
-from keras_transformer.layers import _matmul
+from keras_transformer.layers import SearchOptions
+from keras_transformer.layers import matmul
 from keras_transformer.model import build_transformer
 
 NAMES = ["query", "attention_output", "feed_forward"]
@@ -66,6 +67,25 @@ def test_layers_sharing_an_initializer_get_different_kernels(seeded):
     assert not np.array_equal(first.kernel, second.kernel)
 
 
+@pytest.mark.parametrize("name", ["query", "attention_output"])
+def test_search_options_with_its_transposed_kernel_equal_the_plain_call(name):
+    """A layer finds its own copy in the options by its kernel's path and
+    multiplies `x W^T` (in a graph); options without a copy of its kernel, or
+    none, leave `x W`."""
+    _, layer, input_shape = _pair(name)
+    x = np.random.default_rng(4).standard_normal(input_shape).astype("float32")
+    expected = layer(x)
+    own = {layer.kernel.path: matmul.transposed_copy(layer.kernel, layer.contracted)}
+    for copies, transposed_products in ((own, 1), ({"another/kernel": own[layer.kernel.path]}, 0),
+                                        (None, 0)):
+        options = None if copies is None else SearchOptions(transposed_kernels=copies)
+        function = tf.function(lambda x, options=options: layer(x, search_options=options))
+        np.testing.assert_allclose(function(x), expected, rtol=1e-5, atol=1e-5)
+        graph = function.get_concrete_function(tf.TensorSpec(input_shape)).graph
+        assert transposed_products == sum(
+            op.type == "MatMul" and op.get_attr("transpose_b") for op in graph.get_operations())
+
+
 def test_invalid_arguments_name_the_value():
     with pytest.raises(ValueError, match=r"units=\(4, 0\)"):
         Projection((4, 0))
@@ -97,20 +117,20 @@ def test_model_gradients_under_xla_equal_with_the_fast_path_off(monkeypatch):
     targets = rng.integers(1, 40, (2, 5)).astype("int32")
     model(inputs)
 
-    under_xla_on_cpu = _matmul._under_xla_on_cpu
+    under_xla_on_cpu = matmul._under_xla_on_cpu
     decisions = []
 
     def recorded():
         decisions.append(under_xla_on_cpu())
         return decisions[-1]
 
-    monkeypatch.setattr(_matmul, "_under_xla_on_cpu", recorded)
+    monkeypatch.setattr(matmul, "_under_xla_on_cpu", recorded)
     fast = _model_gradients(model, inputs, targets)
     # Each projection, one per kernel, took the fast path.
     kernels = [v for v in model.trainable_variables if v.path.endswith("/kernel")]
     assert len(decisions) == len(kernels) and all(decisions), decisions
 
-    monkeypatch.setattr(_matmul, "_under_xla_on_cpu", lambda: False)
+    monkeypatch.setattr(matmul, "_under_xla_on_cpu", lambda: False)
     plain = _model_gradients(model, inputs, targets)
     assert len(fast) == len(plain) == len(model.trainable_variables)
     for variable, a, b in zip(model.trainable_variables, fast, plain):
@@ -130,12 +150,12 @@ def _imported_at_module_level(node):
 
 
 def test_layers_import_no_private_framework_module_at_import_time():
-    """`import tensorflow` itself loads the private modules `_matmul` uses, so
+    """`import tensorflow` itself loads the private modules `matmul` uses, so
     `sys.modules` cannot tell; the layers' sources can."""
     private = ("tensorflow.", "keras.src")
     found = [
         f"{path.name}: {module}"
-        for path in sorted(pathlib.Path(_matmul.__file__).parent.glob("*.py"))
+        for path in sorted(pathlib.Path(matmul.__file__).parent.glob("*.py"))
         for module in _imported_at_module_level(ast.parse(path.read_text()))
         if module.startswith(private)
     ]

@@ -3,7 +3,7 @@ import pytest
 import tensorflow as tf
 from keras import ops
 
-from keras_transformer.layers import _cache
+from keras_transformer.layers import kv_cache
 
 SHAPE = (3, 2, 28, 5)  # (B, h, L * G, d): 7 positions of 4 slots
 
@@ -24,8 +24,7 @@ def test_write_in_place_equals_slice_update(dtype, length, index):
     @tf.function(autograph=False)
     def write(cache, updates, index):
         cache = tf.identity(tf.cast(cache, dtype))  # a buffer of the function's own
-        with _cache.writes_in_place():
-            return _cache.write(cache, tf.cast(updates, dtype), index)
+        return kv_cache.write(cache, tf.cast(updates, dtype), index, in_place=True)
 
     args = (cache, updates, tf.constant(index))
     assert "InplaceUpdate" in _op_types(write, *args)
@@ -36,16 +35,15 @@ def test_write_in_place_equals_slice_update(dtype, length, index):
                                rtol=1e-2, atol=1e-2)
 
 
-def test_slice_update_outside_the_context_eagerly_and_under_xla():
+def test_slice_update_unless_in_place_eagerly_and_under_xla():
     cache = np.zeros(SHAPE, "float32")
     updates = np.ones(SHAPE[:2] + (1,) + SHAPE[3:], "float32")
 
     def write(cache, updates):
-        with _cache.writes_in_place():
-            return _cache.write(cache, updates, 2)
+        return kv_cache.write(cache, updates, 2, in_place=True)
 
     def write_outside(cache, updates):
-        return cache, _cache.write(cache, updates, 2)
+        return cache, kv_cache.write(cache, updates, 2)
 
     eager = tf.constant(cache)
     assert ops.convert_to_numpy(write(eager, updates)).sum() == updates.size
@@ -65,9 +63,8 @@ def test_each_zeros_is_a_buffer_of_its_own():
     @tf.function(autograph=False)
     def two_caches(batch):
         shape = (batch,) + SHAPE[1:]
-        first, second = _cache.zeros(shape, "float32"), _cache.zeros(shape, "float32")
-        with _cache.writes_in_place():
-            first = _cache.write(first, tf.ones(SHAPE[:2] + (1,) + SHAPE[3:]), 0)
+        first, second = kv_cache.zeros(shape, "float32"), kv_cache.zeros(shape, "float32")
+        first = kv_cache.write(first, tf.ones(SHAPE[:2] + (1,) + SHAPE[3:]), 0, in_place=True)
         return first, second
 
     for _ in range(2):  # and a second call starts from zeros again
