@@ -121,7 +121,7 @@ MUTANTS = [
            "longest, self.max_input_chars - 1,",
            ["tests/test_serving.py::test_request_limits_admit_exactly_their_value"]),
     # GNMT's length penalty ((5 + |Y|) / 6)^alpha with another base.
-    mutant("length-penalty-base", "keras_transformer/decoding.py",
+    mutant("length-penalty-base", "keras_transformer/beam_steps.py",
            "return tf.pow((5.0 + length) / 6.0, alpha)",
            "return tf.pow((1.0 + length) / 6.0, alpha)",
            ["tests/test_decoding.py"]),
