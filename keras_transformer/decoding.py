@@ -63,6 +63,7 @@ import tensorflow as tf
 from keras_transformer import beam_candidates
 from keras_transformer import beam_steps
 from keras_transformer import search_arguments
+from keras_transformer.decoding_config import positive_int
 # Public here too: the score of a finished hypothesis is log P(Y) / lp(Y).
 from keras_transformer.beam_steps import length_penalty  # noqa: F401
 
@@ -233,8 +234,8 @@ def beam_search(
             vocabulary or limit), the missing rows have score -inf and only
             `padding_id`.
     """
-    beam_size = search_arguments.positive_int("beam_size", beam_size)
-    vocab_size = search_arguments.positive_int("vocab_size", vocab_size)
+    beam_size = positive_int("beam_size", beam_size, "beam_search")
+    vocab_size = positive_int("vocab_size", vocab_size, "beam_search")
     max_output_length = search_arguments.static_max_output_length(max_output_length)
     initial_ids = search_arguments.check_initial_ids(initial_ids)
     batch_size = search_arguments.dim(initial_ids, 0)

@@ -1,22 +1,7 @@
 """The searches' argument checks, each error naming the argument and what was
 received, their id buffers and the shapes of their loop states (`decoding`)."""
 
-import operator
-
 import tensorflow as tf
-
-
-def positive_int(name, value):
-    """`value` as a Python int >= 1 (it sets static shapes)."""
-    try:
-        number = operator.index(value)
-    except TypeError:
-        number = 0
-    if number < 1:
-        raise ValueError(
-            f"beam_search: {name} must be a positive Python int. Received: {name}={value!r}"
-        )
-    return number
 
 
 def static_max_output_length(max_output_length):
