@@ -345,8 +345,8 @@ def test_small_requests_run_xla_and_larger_ones_the_graph(model, tokenizer, tran
     hybrid = serving.Translator(
         model, tokenizer, extra_length=EXTRA_LENGTH, max_input_length=MAX_INPUT_LENGTH,
         beam_sizes=(4,), jit_compile=True, xla_max_batch_size=1)
-    assert hybrid.batch_sizes == (1,) and hybrid.settings()["xla_max_batch_size"] == 1
-    assert hybrid.xla_small_requests_only and not translator.xla_small_requests_only
+    assert hybrid.shapes.batch_sizes == (1,) and hybrid.settings()["xla_max_batch_size"] == 1
+    assert hybrid.shapes.xla_small_requests_only and not translator.shapes.xla_small_requests_only
     graph = hybrid.translate.get_concrete_function().graph
     nodes = [node for function in graph.as_graph_def().library.function
              for node in function.node_def]
@@ -357,9 +357,9 @@ def test_small_requests_run_xla_and_larger_ones_the_graph(model, tokenizer, tran
         ours, reference = hybrid.translate(texts), translator.translate(texts)
         assert _strings(ours["translation"]) == _strings(reference["translation"])
         np.testing.assert_allclose(ours["score"], reference["score"], atol=1e-4)
-    assert serving.Translator(model, tokenizer).xla_max_batch_size == 0
+    assert serving.Translator(model, tokenizer).shapes.xla_max_batch_size == 0
     for wrong in (dict(xla_max_batch_size=1), dict(jit_compile=True, xla_max_batch_size=300)):
-        with pytest.raises(ValueError, match="xla_max_batch_size needs jit_compile=True"):
+        with pytest.raises(ValueError, match="xla_max_batch_size needs jit_compile on"):
             serving.Translator(model, tokenizer, **wrong)
 
 
