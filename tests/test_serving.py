@@ -1,6 +1,8 @@
 """Tests for keras_transformer.serving: the in-memory `Translator` (its export:
 tests/test_saved_model.py)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -9,6 +11,7 @@ from keras_transformer import decoding
 from keras_transformer import hardware
 from keras_transformer import serving
 from keras_transformer.data import BOS_ID, EOS_ID
+from keras_transformer.decoding_config import DecodingConfig
 from tests.translation_fixtures import SENTENCES
 from tests.translation_fixtures import make_model
 from tests.translation_fixtures import BAD_UTF8
@@ -287,6 +290,22 @@ def test_ids_outside_the_vocabulary_are_answered_with_an_error(translator, token
         translator.translate_ids(tf.constant([[tokenizer.vocab_size]], tf.int32))
     with pytest.raises(tf.errors.InvalidArgumentError, match="ids must be >= 0"):
         translator.translate_ids(tf.constant([[-1]], tf.int32))
+
+
+def test_the_config_is_taken_whole_and_recorded(model, tokenizer, translator):
+    """`Translator(model, tokenizer, config)`; field names replace the config's;
+    `settings()` (an export's config.json) reads back as the resolved config."""
+    config = DecodingConfig(beam_sizes=(1, 2), beam_size=2, alpha=1.0, max_batch_size=8)
+    configured = serving.Translator(model, None, config, extra_length=3)
+    assert configured.config == dataclasses.replace(
+        config, extra_length=3, max_input_length=model.config.max_positions,
+        max_output_length=model.config.max_positions + 3, precision=model.precision,
+        transposed_kernels=hardware.decoding_transposed_kernels())
+    assert DecodingConfig.from_dict(configured.settings()) == configured.config
+    assert DecodingConfig.from_dict(translator.settings()) == translator.config
+    assert translator.settings()["jit_compile"] is False
+    with pytest.raises(TypeError, match="config must be a DecodingConfig"):
+        serving.Translator(model, tokenizer, 4)
 
 
 def test_constructor_checks_its_arguments(model, tokenizer):
