@@ -115,20 +115,27 @@ def export_translator(
             write_warmup_requests(
                 os.path.join(extra, WARMUP_FILENAME), warmup_texts, translator.ids_only, shapes)
         if check:
-            if translator.ids_only:
-                inputs = {"ids": _example_ids(translator.model.config.vocab_size)}
-                expected = translator.translate_ids(tf.constant(inputs["ids"], tf.int32))
-            else:
-                texts = list(check_texts if check_texts is not None else warmup_texts)
-                if check_texts is None:
-                    texts = (texts + ["", "   "])[:limits.max_batch_size]
-                inputs = {"text": texts}
-                expected = translator.translate(tf.constant(texts, tf.string))
-            check_export(temporary_path, inputs, expected, text_ops=not translator.ids_only)
+            _check_against(translator, temporary_path, check_texts, warmup_texts)
         os.rename(temporary_path, final_path)
     finally:
         shutil.rmtree(temporary_path, ignore_errors=True)
     return final_path
+
+
+def _check_against(translator, path, check_texts, warmup_texts):
+    """`check_export` of the SavedModel at `path` against `translator`: ids for
+    an ids-only one, else `check_texts` (default: `warmup_texts`, an empty and
+    a whitespace-only string)."""
+    if translator.ids_only:
+        inputs = {"ids": _example_ids(translator.model.config.vocab_size)}
+        expected = translator.translate_ids(tf.constant(inputs["ids"], tf.int32))
+    else:
+        texts = list(check_texts if check_texts is not None else warmup_texts)
+        if check_texts is None:
+            texts = (texts + ["", "   "])[:translator.config.max_batch_size]
+        inputs = {"text": texts}
+        expected = translator.translate(tf.constant(texts, tf.string))
+    check_export(path, inputs, expected, text_ops=not translator.ids_only)
 
 
 def write_model_server_files(export_dir, translator, model_name=None, base_path=None,

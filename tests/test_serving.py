@@ -365,7 +365,8 @@ def test_small_requests_run_xla_and_larger_ones_the_graph(model, tokenizer, tran
         model, tokenizer, extra_length=EXTRA_LENGTH, max_input_length=MAX_INPUT_LENGTH,
         beam_sizes=(4,), jit_compile=True, xla_max_batch_size=1)
     assert hybrid.shapes.batch_sizes == (1,) and hybrid.settings()["xla_max_batch_size"] == 1
-    assert hybrid.shapes.xla_small_requests_only and not translator.shapes.xla_small_requests_only
+    assert hybrid.shapes.xla_small_requests_only
+    assert not translator.shapes.xla_small_requests_only
     graph = hybrid.translate.get_concrete_function().graph
     nodes = [node for function in graph.as_graph_def().library.function
              for node in function.node_def]
