@@ -202,7 +202,7 @@ def time_export(model, args, variant, source_ids, directory):
         ids=source_ids,
         beam_size=tf.constant(args.beam_size),
         alpha=tf.constant(0.6),
-        extra_length=tf.constant(translator.extra_length),
+        extra_length=tf.constant(translator.config.extra_length),
     )
     repeats = args.uncached_repeats if variant == "uncached" else args.repeats
     report = timed(lambda: {name: value.numpy() for name, value in translate(**inputs).items()},

@@ -16,6 +16,7 @@ import importlib
 import sys
 
 _NAMES = {
+    "DecodingConfig": "keras_transformer.decoding_config",
     "TrainingConfig": "keras_transformer.config",
     "TransformerConfig": "keras_transformer.config",
     "LabelSmoothedCrossEntropy": "keras_transformer.losses",
@@ -28,6 +29,8 @@ _NAMES = {
     "TransformerSchedule": "keras_transformer.schedules",
     "SubwordTokenizer": "keras_transformer.data",
     "Translator": "keras_transformer.serving",
+    "load_translator": "keras_transformer.loading",
+    "translator_from_run": "keras_transformer.loading",
     "export_translator": "keras_transformer.saved_model",
     "bleu_scores": "keras_transformer.evaluation",
     "evaluate": "keras_transformer.evaluation",

@@ -24,8 +24,9 @@ def best_extensions(logits, alive_log_probs, k, block_size):
     blocks of `block_size` tokens by their maxima, then the best k entries of
     those blocks, in index order. The best k entries lie in those blocks: a
     block left out has k blocks ranked before it, each with an entry that
-    ranks before every entry of its own. On a CPU the full `top_k` over
-    148000 entries a row took two thirds of a beam-search step's selection.
+    ranks before every entry of its own. On a CPU the full `top_k` over the
+    K * V entries of a row dominates a beam-search step's selection
+    (`benchmarks/decode_throughput.py` measures the search).
 
     Args:
         logits: float32 `(B * K, V)`.
@@ -70,8 +71,8 @@ def _log_normalizers(logits, blocks, block_maxima):
     is at least 1/V, so its log never underflows (that of another entry may),
     and the error is softmax's, about 1e-7. One softmax (oneDNN's, when it is
     on) and two small argmaxes over the maxima and the best block instead of
-    `reduce_logsumexp`'s four passes over the logits: 1.4 against 2.4 ms a step
-    for (128, 37000) on a 2-core AVX-512 CPU.
+    `reduce_logsumexp`'s four passes over the logits, which is faster on a CPU
+    (`benchmarks/decode_throughput.py`).
     """
     block_size = blocks.shape[-1]
     best_block = tf.argmax(block_maxima, axis=-1, output_type=tf.int32)  # (N,)

@@ -23,7 +23,7 @@ import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the ops of a loaded export's tokenizer)
 import tqdm
 
-from keras_transformer import serving
+from keras_transformer import loading
 
 # Batches are formed from sentences of similar length: sorting by length
 # wastes less padding and lets short batches stop early.
@@ -173,41 +173,9 @@ def evaluate(
     return scores
 
 
-def load_export(path):
-    """Loads an export: a version directory, or a base directory's newest version."""
-    path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"export directory {path} does not exist")
-    if not os.path.exists(os.path.join(path, "saved_model.pb")):
-        versions = [name for name in os.listdir(path)
-                    if name.isdigit() and os.path.exists(os.path.join(path, name, "saved_model.pb"))]
-        if not versions:
-            raise FileNotFoundError(
-                f"{path} holds no SavedModel (no saved_model.pb, nor a numbered "
-                "version directory with one); pass a directory written by export.py"
-            )
-        path = os.path.join(path, max(versions, key=int))
-    return tf.saved_model.load(path)
-
-
-def load_translator(export=None, run=None, weights="averaged", **translator_options):
-    """A translator from an export directory or from a training run directory.
-
-    Exactly one of `export` (see `load_export`) and `run` (see
-    `keras_transformer.runs.load_run`) must be given; `weights` and
-    `translator_options` (the `Translator` arguments) apply to a run.
-    """
-    if (export is None) == (run is None):
-        raise ValueError("pass exactly one of export (an export directory) and run "
-                         "(a training run directory)")
-    if export is not None:
-        return load_export(export)
-    return serving.Translator.from_run(run, weights, **translator_options)
-
-
 def _translate_function(translator_or_export):
     if isinstance(translator_or_export, (str, os.PathLike)):
-        translator_or_export = load_export(translator_or_export)
+        translator_or_export = loading.load_export(translator_or_export)
     if getattr(translator_or_export, "translate", None) is None:
         raise TypeError(
             "translate_sentences needs a Translator, a loaded export or an export "

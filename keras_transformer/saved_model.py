@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from keras_transformer import serving_shapes
 from keras_transformer.durable import write_atomically
-from keras_transformer.serving import positive_int
+from keras_transformer.decoding_config import positive_int
 
 SIGNATURES = ("serving_default", "score", "translate", "translate_aligned", "translate_ids",
               "translate_nbest")
@@ -77,14 +77,16 @@ def export_translator(
     Raises:
         ExportError: the version exists already, or the check failed.
     """
-    too_long = [text for text in warmup_texts if len(text) > translator.max_input_chars]
-    if len(warmup_texts) > translator.max_batch_size or too_long:
+    limits = translator.config
+    too_long = [text for text in warmup_texts if len(text) > limits.max_input_chars]
+    if len(warmup_texts) > limits.max_batch_size or too_long:
         raise ValueError(
             f"the warm-up sentences must fit the request limits (max_batch_size="
-            f"{translator.max_batch_size}, max_input_chars={translator.max_input_chars}), or "
+            f"{limits.max_batch_size}, max_input_chars={limits.max_input_chars}), or "
             f"the model server would fail to load the export; received {len(warmup_texts)} "
             f"sentences, {len(too_long)} of them too long")
-    version = next_version(export_dir) if version is None else positive_int("version", version)
+    version = (next_version(export_dir) if version is None
+               else positive_int("version", version, "export_translator"))
     final_path = os.path.join(export_dir, str(version))
     if os.path.exists(final_path):
         raise ExportError(f"{final_path} exists already; pass another version")
@@ -109,24 +111,31 @@ def export_translator(
         if warmup_texts:
             # With XLA, also one request of each padded shape: all compile at load.
             shapes = (serving_shapes.warmup_requests(translator, warmup_texts)
-                      if translator.jit_compile else ())
+                      if translator.shapes.xla else ())
             write_warmup_requests(
                 os.path.join(extra, WARMUP_FILENAME), warmup_texts, translator.ids_only, shapes)
         if check:
-            if translator.ids_only:
-                inputs = {"ids": _example_ids(translator.model.config.vocab_size)}
-                expected = translator.translate_ids(tf.constant(inputs["ids"], tf.int32))
-            else:
-                texts = list(check_texts if check_texts is not None else warmup_texts)
-                if check_texts is None:
-                    texts = (texts + ["", "   "])[:translator.max_batch_size]
-                inputs = {"text": texts}
-                expected = translator.translate(tf.constant(texts, tf.string))
-            check_export(temporary_path, inputs, expected, text_ops=not translator.ids_only)
+            _check_against(translator, temporary_path, check_texts, warmup_texts)
         os.rename(temporary_path, final_path)
     finally:
         shutil.rmtree(temporary_path, ignore_errors=True)
     return final_path
+
+
+def _check_against(translator, path, check_texts, warmup_texts):
+    """`check_export` of the SavedModel at `path` against `translator`: ids for
+    an ids-only one, else `check_texts` (default: `warmup_texts`, an empty and
+    a whitespace-only string)."""
+    if translator.ids_only:
+        inputs = {"ids": _example_ids(translator.model.config.vocab_size)}
+        expected = translator.translate_ids(tf.constant(inputs["ids"], tf.int32))
+    else:
+        texts = list(check_texts if check_texts is not None else warmup_texts)
+        if check_texts is None:
+            texts = (texts + ["", "   "])[:translator.config.max_batch_size]
+        inputs = {"text": texts}
+        expected = translator.translate(tf.constant(texts, tf.string))
+    check_export(path, inputs, expected, text_ops=not translator.ids_only)
 
 
 def write_model_server_files(export_dir, translator, model_name=None, base_path=None,
@@ -159,7 +168,7 @@ def write_model_server_files(export_dir, translator, model_name=None, base_path=
     model.base_path = base_path or f"/models/{model_name}"
     model.model_platform = "tensorflow"
     batching = {
-        "max_batch_size": translator.max_batch_size,
+        "max_batch_size": translator.config.max_batch_size,
         "batch_timeout_micros": batch_timeout_micros,
         "max_enqueued_batches": 100,
         "num_batch_threads": num_batch_threads or os.cpu_count() or 1,
@@ -168,7 +177,7 @@ def write_model_server_files(export_dir, translator, model_name=None, base_path=
     # An XLA export's merged batches are padded to its compiled batch sizes (not
     # where larger requests run without XLA: they would be padded to the largest).
     allowed = "".join(f"allowed_batch_sizes: {size}\n" for size in (
-        () if translator.xla_small_requests_only else translator.batch_sizes))
+        () if translator.shapes.xla_small_requests_only else translator.shapes.batch_sizes))
     texts = [text_format.MessageToString(config),
              "".join(f"{name} {{ value: {value} }}\n" for name, value in batching.items())
              + allowed]

@@ -1,22 +1,7 @@
 """The searches' argument checks, each error naming the argument and what was
-received, and the shapes of their loop states (`decoding`)."""
-
-import operator
+received, their id buffers and the shapes of their loop states (`decoding`)."""
 
 import tensorflow as tf
-
-
-def positive_int(name, value):
-    """`value` as a Python int >= 1 (it sets static shapes)."""
-    try:
-        number = operator.index(value)
-    except TypeError:
-        number = 0
-    if number < 1:
-        raise ValueError(
-            f"beam_search: {name} must be a positive Python int. Received: {name}={value!r}"
-        )
-    return number
 
 
 def static_max_output_length(max_output_length):
@@ -42,6 +27,13 @@ def check_initial_ids(initial_ids):
             f"Received: initial_ids with shape {initial_ids.shape}"
         )
     return tf.cast(initial_ids, tf.int32)
+
+
+def start_buffer(initial_ids, max_output_length, padding_id):
+    """Id buffer `(B, T + 1)`: the start token, then padding."""
+    batch_size = dim(initial_ids, 0)
+    padding = tf.fill([batch_size, max_output_length], padding_id)  # (B, T)
+    return tf.concat([initial_ids[:, tf.newaxis], padding], axis=1)  # (B, T + 1)
 
 
 def dim(tensor, axis):

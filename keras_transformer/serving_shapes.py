@@ -1,4 +1,4 @@
-"""How a request is padded for the search (`padded_request`), the padded shapes
+"""How a request is padded for the search (`RequestShapes`), the padded shapes
 of an XLA export, and warm-up requests that cover them.
 
 XLA compiles the beam search once per shape. An export with `jit_compile` pads
@@ -13,9 +13,8 @@ for a compile. On a GPU the padding costs little: a step's time hardly grows
 with its rows at these sizes, and the loop stops when every hypothesis has
 finished, whatever the buffer's length. On a CPU it does grow with them, so
 an export that runs only small requests through XLA (`xla_max_batch_size`)
-pads their rows to powers of `SMALL_BATCH_GROWTH` (1, 2, 4, ...): the base
-model's search of 2 sources, beam 4, 48 steps, took 0.35 s at 2 rows and
-0.48 s padded to 4 (graph: 0.47 to 0.50 s; 2-core AMD EPYC, AVX-512).
+pads their rows to powers of `SMALL_BATCH_GROWTH` (1, 2, 4, ...), which costs
+less than the powers of `BATCH_GROWTH` there (`benchmarks/serving_latency.py`).
 """
 
 import tensorflow as tf
@@ -49,34 +48,58 @@ def pad_to(sizes, value):
     return tf.gather(sizes, tf.searchsorted(sizes, value[tf.newaxis], side="left")[0])
 
 
-def padded_request(translator, xla, tokens, lengths, extra_length):
-    """A request of ragged source `tokens` `(B, None)` (their `lengths` `(B,)`)
-    padded for `translator`'s search with XLA or without: source ids `(B', S)`,
-    each row's output limit `(B',)` and the output buffer's length. With XLA,
-    B' and S are among `translator.batch_sizes` and `source_lengths`, and the
-    buffer holds the export's `extra_length` tokens more; without, B' = B (at
-    least 1) and S is a multiple of `SOURCE_LENGTH_GRANULARITY`."""
-    batch_size = tf.shape(lengths)[0]
-    # At least one row, so that an empty batch decodes one empty source.
-    padded_batch = tf.maximum(batch_size, 1)
-    longest = tf.maximum(tf.reduce_max(lengths), 1)  # (the max of none is INT_MIN)
-    if xla:
-        padded_batch = pad_to(translator.batch_sizes, padded_batch)
-        width = pad_to(translator.source_lengths, longest)
-        # One output buffer per padded shape: the export's extra_length.
-        longest_output = tf.minimum(width + translator.extra_length,
-                                    translator.max_output_length)
-    else:
-        granularity = SOURCE_LENGTH_GRANULARITY
-        width = tf.minimum((longest + granularity - 1) // granularity * granularity,
-                           translator.max_input_length)
-        width = tf.maximum(width, longest)
-        longest_output = tf.clip_by_value(width + extra_length, 1, translator.max_output_length)
-    source_ids = tokens.to_tensor(PAD_ID, shape=tf.stack([padded_batch, width]))  # (B', S)
-    padded_lengths = tf.pad(lengths, [[0, padded_batch - batch_size]])  # (B',)
-    # Sec. 6.1: at most input length + 50 tokens; an empty source stops after one step.
-    output_limits = tf.where(padded_lengths > 0, padded_lengths + extra_length, 1)
-    return source_ids, output_limits, longest_output
+class RequestShapes:
+    """The shapes and batching policy of a translator's searches, from its
+    resolved `DecodingConfig` (`max_input_length` and `max_output_length` set).
+
+    Attributes:
+        xla: whether requests run an XLA search (some, with `xla_max_batch_size`).
+        xla_max_batch_size: the largest request that runs the XLA search; 0
+            without XLA.
+        xla_small_requests_only: larger requests run the graph's search; both
+            searches are traced.
+        batch_sizes, source_lengths: XLA's padded request shapes; () without XLA.
+    """
+
+    def __init__(self, config):
+        self.config = config
+        self.xla = config.xla
+        self.xla_max_batch_size = (
+            (config.xla_max_batch_size or config.max_batch_size) if self.xla else 0)
+        self.xla_small_requests_only = (
+            self.xla and self.xla_max_batch_size < config.max_batch_size)
+        self.batch_sizes = (batch_sizes(self.xla_max_batch_size, self.xla_small_requests_only)
+                            if self.xla else ())
+        self.source_lengths = source_lengths(config.max_input_length) if self.xla else ()
+
+    def padded(self, xla, tokens, lengths, extra_length):
+        """A request of ragged source `tokens` `(B, None)` (their `lengths` `(B,)`)
+        padded for the search with XLA or without: source ids `(B', S)`, each
+        row's output limit `(B',)` and the output buffer's length. With XLA, B'
+        and S are among `batch_sizes` and `source_lengths`, and the buffer holds
+        the export's `extra_length` tokens more; without, B' = B (at least 1)
+        and S is a multiple of `SOURCE_LENGTH_GRANULARITY`."""
+        config = self.config
+        batch_size = tf.shape(lengths)[0]
+        # At least one row, so that an empty batch decodes one empty source.
+        padded_batch = tf.maximum(batch_size, 1)
+        longest = tf.maximum(tf.reduce_max(lengths), 1)  # (the max of none is INT_MIN)
+        if xla:
+            padded_batch = pad_to(self.batch_sizes, padded_batch)
+            width = pad_to(self.source_lengths, longest)
+            # One output buffer per padded shape: the export's extra_length.
+            longest_output = tf.minimum(width + config.extra_length, config.max_output_length)
+        else:
+            granularity = SOURCE_LENGTH_GRANULARITY
+            width = tf.minimum((longest + granularity - 1) // granularity * granularity,
+                               config.max_input_length)
+            width = tf.maximum(width, longest)
+            longest_output = tf.clip_by_value(width + extra_length, 1, config.max_output_length)
+        source_ids = tokens.to_tensor(PAD_ID, shape=tf.stack([padded_batch, width]))  # (B', S)
+        padded_lengths = tf.pad(lengths, [[0, padded_batch - batch_size]])  # (B',)
+        # Sec. 6.1: at most input length + 50 tokens; an empty source stops after one step.
+        output_limits = tf.where(padded_lengths > 0, padded_lengths + extra_length, 1)
+        return source_ids, output_limits, longest_output
 
 
 def warmup_requests(translator, texts):
@@ -90,7 +113,7 @@ def warmup_requests(translator, texts):
     too, and it batches only inputs with a batch dimension."""
     requests = []
     words = " ".join(texts).split() or ["Hello."]
-    lengths = source_lengths(translator.max_input_length)
+    lengths = source_lengths(translator.config.max_input_length)
     for shorter, length in zip((0, *lengths), lengths):
         if translator.ids_only:
             name, empty = "ids", [0] * length
@@ -99,7 +122,7 @@ def warmup_requests(translator, texts):
             name, empty = "text", ""
             first = _sentence(translator.tokenizer, words, shorter + 1, length)
         requests += [("serving_default", {name: [first] + [empty] * (rows - 1)})
-                     for rows in translator.batch_sizes]
+                     for rows in translator.shapes.batch_sizes]
     return requests
 
 

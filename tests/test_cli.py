@@ -129,9 +129,9 @@ class Recording:
 def run_translators(run_dir):
     """run_dir's translators by --weights, loaded once: each load would trace its
     searches again."""
-    from keras_transformer import serving
+    from keras_transformer import loading
 
-    return {weights: serving.Translator.from_run(run_dir, weights, beam_sizes=(1, 4))
+    return {weights: loading.translator_from_run(run_dir, weights, beam_sizes=(1, 4))
             for weights in ("averaged", "final")}
 
 
@@ -140,7 +140,7 @@ def _main(module, monkeypatch, capsys, *flags, translators=None):
     --verbose keeps stderr as it is, the environment is restored afterwards. With
     `translators`, the command's --run loads the one of its --weights (see
     run_translators), wrapped in a `Recording`, returned with the output."""
-    from keras_transformer import evaluation
+    from keras_transformer import loading
 
     for name in ("TF_ENABLE_ONEDNN_OPTS", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"):
         monkeypatch.setenv(name, os.environ.get(name, "1"))
@@ -151,7 +151,7 @@ def _main(module, monkeypatch, capsys, *flags, translators=None):
             loaded.append(Recording(translators[weights]))
             return loaded[-1]
 
-        monkeypatch.setattr(evaluation, "load_translator", load_translator)
+        monkeypatch.setattr(loading, "load_translator", load_translator)
     capsys.readouterr()
     assert module.main([*map(str, flags), "--verbose"]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
@@ -386,12 +386,15 @@ def test_the_command_dispatches_to_its_sub_commands(capsys):
 def test_xla_max_batch_size_needs_xla(capsys):
     from keras_transformer.cli import export
 
-    for flags in (["--jit-compile", "off"], ["--xla-max-batch-size", "0"]):
+    for flags, message in (
+            (["--jit-compile", "off"], "--xla-max-batch-size needs --jit-compile on (or auto)"),
+            (["--max-batch-size", "1"], "at most --max-batch-size=1 sentences"),
+            (["--xla-max-batch-size", "0"], "--xla-max-batch-size must be a positive int. "
+                                            "Received: --xla-max-batch-size=0")):
         with pytest.raises(SystemExit) as exit:
             export.parse_args(["--run", ROOT, "--out", "x", "--xla-max-batch-size", "2", *flags])
         assert exit.value.code == 2
-        assert "--xla-max-batch-size must be 1 to --max-batch-size, without --jit-compile off" \
-            in capsys.readouterr().err
+        assert message in capsys.readouterr().err
     args = export.parse_args(["--run", ROOT, "--out", "x", "--xla-max-batch-size", "1"])
     assert (args.xla_max_batch_size, args.jit_compile) == (1, "auto")
 

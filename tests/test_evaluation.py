@@ -6,7 +6,9 @@ import sacrebleu
 import tensorflow as tf
 
 from keras_transformer import evaluation
+from keras_transformer import loading
 from keras_transformer import serving
+from keras_transformer.decoding_config import DecodingConfig
 from tests.translation_fixtures import SENTENCES
 from tests.translation_fixtures import make_model
 from tests.translation_fixtures import make_run_dir
@@ -143,13 +145,17 @@ def test_evaluate_scores_against_the_targets(translator, as_dataset):
 
 def test_load_translator_from_a_run_and_errors(tmp_path, tokenizer):
     run = make_run_dir(tmp_path / "run", tokenizer, make_model(tokenizer.vocab_size))
-    translator = evaluation.load_translator(run=run, beam_sizes=(4,))
+    translator = loading.load_translator(run=run, beam_sizes=(4,))
     assert isinstance(translator, serving.Translator)
+    assert translator.config.beam_sizes == (4,)
+    configured = loading.translator_from_run(run, "final", DecodingConfig(beam_sizes=(1,),
+                                                                          beam_size=1))
+    assert configured.config.beam_sizes == (1,)
     with pytest.raises(ValueError, match="exactly one of export"):
-        evaluation.load_translator()
+        loading.load_translator()
     with pytest.raises(FileNotFoundError, match="holds no SavedModel"):
-        evaluation.load_export(run)
+        loading.load_export(run)
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        evaluation.load_export(tmp_path / "nowhere")
+        loading.load_export(tmp_path / "nowhere")
     with pytest.raises(TypeError, match="needs a Translator"):
         evaluation.translate_sentences(object(), ["a"])

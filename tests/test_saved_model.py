@@ -74,8 +74,10 @@ def test_model_server_files_parse_as_tf_serving_reads_them(small_requests_only, 
                                                            tmp_path):
     import types
 
-    translator = types.SimpleNamespace(max_batch_size=16, batch_sizes=(1, 4, 16),
-                                       xla_small_requests_only=small_requests_only)
+    translator = types.SimpleNamespace(
+        config=types.SimpleNamespace(max_batch_size=16),
+        shapes=types.SimpleNamespace(batch_sizes=(1, 4, 16),
+                                     xla_small_requests_only=small_requests_only))
     config_path, batching_path = saved_model.write_model_server_files(
         str(tmp_path / "exports" / "demo"), translator, batch_timeout_micros=700,
         num_batch_threads=3)
@@ -244,7 +246,7 @@ def test_request_limits_are_refused_before_any_work(tmp_path, model, tokenizer):
     # extra_length is clamped to the output limit instead of overflowing int32.
     huge = loaded.translate(tf.constant(["Hello."]), extra_length=tf.constant(2_000_000_000))
     capped = limited.translate(tf.constant(["Hello."]),
-                               extra_length=tf.constant(limited.max_output_length))
+                               extra_length=tf.constant(limited.config.max_output_length))
     assert _strings(huge["translation"]) == _strings(capped["translation"])
 
     config_path, batching_path = saved_model.write_model_server_files(export_dir, limited)

@@ -1,6 +1,8 @@
 """Tests for keras_transformer.serving: the in-memory `Translator` (its export:
 tests/test_saved_model.py)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -9,6 +11,7 @@ from keras_transformer import decoding
 from keras_transformer import hardware
 from keras_transformer import serving
 from keras_transformer.data import BOS_ID, EOS_ID
+from keras_transformer.decoding_config import DecodingConfig
 from tests.translation_fixtures import SENTENCES
 from tests.translation_fixtures import make_model
 from tests.translation_fixtures import BAD_UTF8
@@ -289,6 +292,22 @@ def test_ids_outside_the_vocabulary_are_answered_with_an_error(translator, token
         translator.translate_ids(tf.constant([[-1]], tf.int32))
 
 
+def test_the_config_is_taken_whole_and_recorded(model, tokenizer, translator):
+    """`Translator(model, tokenizer, config)`; field names replace the config's;
+    `settings()` (an export's config.json) reads back as the resolved config."""
+    config = DecodingConfig(beam_sizes=(1, 2), beam_size=2, alpha=1.0, max_batch_size=8)
+    configured = serving.Translator(model, None, config, extra_length=3)
+    assert configured.config == dataclasses.replace(
+        config, extra_length=3, max_input_length=model.config.max_positions,
+        max_output_length=model.config.max_positions + 3, precision=model.precision,
+        transposed_kernels=hardware.decoding_transposed_kernels())
+    assert DecodingConfig.from_dict(configured.settings()) == configured.config
+    assert DecodingConfig.from_dict(translator.settings()) == translator.config
+    assert translator.settings()["jit_compile"] is False
+    with pytest.raises(TypeError, match="config must be a DecodingConfig"):
+        serving.Translator(model, tokenizer, 4)
+
+
 def test_constructor_checks_its_arguments(model, tokenizer):
     with pytest.raises(ValueError, match="beam_size must be one of"):
         serving.Translator(model, tokenizer, beam_size=3)
@@ -345,8 +364,9 @@ def test_small_requests_run_xla_and_larger_ones_the_graph(model, tokenizer, tran
     hybrid = serving.Translator(
         model, tokenizer, extra_length=EXTRA_LENGTH, max_input_length=MAX_INPUT_LENGTH,
         beam_sizes=(4,), jit_compile=True, xla_max_batch_size=1)
-    assert hybrid.batch_sizes == (1,) and hybrid.settings()["xla_max_batch_size"] == 1
-    assert hybrid.xla_small_requests_only and not translator.xla_small_requests_only
+    assert hybrid.shapes.batch_sizes == (1,) and hybrid.settings()["xla_max_batch_size"] == 1
+    assert hybrid.shapes.xla_small_requests_only
+    assert not translator.shapes.xla_small_requests_only
     graph = hybrid.translate.get_concrete_function().graph
     nodes = [node for function in graph.as_graph_def().library.function
              for node in function.node_def]
@@ -357,9 +377,9 @@ def test_small_requests_run_xla_and_larger_ones_the_graph(model, tokenizer, tran
         ours, reference = hybrid.translate(texts), translator.translate(texts)
         assert _strings(ours["translation"]) == _strings(reference["translation"])
         np.testing.assert_allclose(ours["score"], reference["score"], atol=1e-4)
-    assert serving.Translator(model, tokenizer).xla_max_batch_size == 0
+    assert serving.Translator(model, tokenizer).shapes.xla_max_batch_size == 0
     for wrong in (dict(xla_max_batch_size=1), dict(jit_compile=True, xla_max_batch_size=300)):
-        with pytest.raises(ValueError, match="xla_max_batch_size needs jit_compile=True"):
+        with pytest.raises(ValueError, match="xla_max_batch_size needs jit_compile on"):
             serving.Translator(model, tokenizer, **wrong)
 
 

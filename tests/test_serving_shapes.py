@@ -41,13 +41,14 @@ def test_only_the_small_requests_xla_runs_are_warmed_up_and_padded(model, tokeni
     their own size)."""
     translator = serving.Translator(model, tokenizer, jit_compile=True, max_batch_size=16,
                                     max_input_length=20, beam_sizes=(4,), xla_max_batch_size=4)
-    assert (translator.batch_sizes, translator.source_lengths) == ((1, 2, 4), (16, 20))
+    shapes = translator.shapes
+    assert (shapes.batch_sizes, shapes.source_lengths) == ((1, 2, 4), (16, 20))
     requests = serving_shapes.warmup_requests(translator, SENTENCES)
     assert sorted({len(inputs["text"]) for _, inputs in requests}) == [1, 2, 4]
     assert len(requests) == 3 * 2
     for rows in (1, 2, 3, 4):  # padded to the grid
-        source_ids, _, _ = serving_shapes.padded_request(
-            translator, True, tokenizer.tokenize(tf.constant(SENTENCES[:rows])),
+        source_ids, _, _ = translator.shapes.padded(
+            True, tokenizer.tokenize(tf.constant(SENTENCES[:rows])),
             tf.fill([rows], 3), tf.constant(50))
         assert source_ids.shape[0] == {1: 1, 2: 2, 3: 4, 4: 4}[rows]
     _, batching = saved_model.write_model_server_files(str(tmp_path / "export"), translator)
@@ -104,7 +105,8 @@ def test_no_live_request_compiles_after_the_warm_up(model, tokenizer, tmp_path,
     translator = serving.Translator(model, tokenizer, jit_compile=True, max_batch_size=5,
                                     max_input_length=20, beam_sizes=(4,),
                                     xla_max_batch_size=xla_max_batch_size)
-    assert (translator.batch_sizes, translator.source_lengths) == (batch_sizes, (16, 20))
+    shapes = translator.shapes
+    assert (shapes.batch_sizes, shapes.source_lengths) == (batch_sizes, (16, 20))
     path = saved_model.export_translator(translator, str(tmp_path / "export"), check=False)
     with open(os.path.join(path, "assets.extra", "config.json")) as f:
         settings = json.load(f)["translator"]

@@ -13,6 +13,7 @@ import numpy as np
 
 from keras_transformer import TrainingConfig
 from keras_transformer import TransformerConfig
+from keras_transformer import DecodingConfig
 from keras_transformer import build_transformer
 from keras_transformer import data
 from keras_transformer import runs
@@ -46,10 +47,9 @@ def make_model(vocab_size, seed=0, **overrides):
 
 def make_translator(model, tokenizer):
     """The translator the serving and export tests share: beams 1, 2 and 4."""
-    return serving.Translator(
-        model, tokenizer, extra_length=EXTRA_LENGTH, max_input_length=MAX_INPUT_LENGTH,
-        beam_sizes=(1, 2, 4),
-    )
+    config = DecodingConfig(extra_length=EXTRA_LENGTH, max_input_length=MAX_INPUT_LENGTH,
+                            beam_sizes=(1, 2, 4))
+    return serving.Translator(model, tokenizer, config)
 
 
 def make_run_dir(path, tokenizer, model):

@@ -19,9 +19,9 @@ import warnings
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # TensorFlow's default CPU allocator hands large freed buffers back to the system, so
 # every training step page-faults them in again (the base model's (tokens, vocabulary)
-# logits and their gradient alone: ~0.8 s a step on 2 cores); its BFC allocator keeps
-# them for the next step. Read when TensorFlow starts; TF_CPU_ALLOCATOR_USE_BFC=false
-# turns it off.
+# logits and their gradient above all; benchmarks/train_throughput.py measures the
+# step); its BFC allocator keeps them for the next step. Read when TensorFlow starts;
+# TF_CPU_ALLOCATOR_USE_BFC=false turns it off.
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 
@@ -32,19 +32,16 @@ def start_decoding(verbose):
     them keep the weights in their own layouts.
 
     TensorFlow turns oneDNN on by itself only on CPUs with AVX-512 VNNI or BF16
-    or with AMX. Elsewhere (AVX2) its own matrix multiply ran beam search's
-    output projection, (128, 512) x (512, 37000), 2.7x slower (115 against 42 ms
-    on a 2-core AMD EPYC with AVX2), and a whole base-model search 1.79x slower
-    (14.9 against 8.3 s, `benchmarks/decode_throughput.py`).
+    or with AMX. Elsewhere (AVX2) its own matrix multiply runs beam search's
+    output projection, (rows, d_model) x (d_model, V), and so the whole search,
+    markedly slower (`benchmarks/decode_throughput.py`).
 
     With TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1, oneDNN's matrix multiplies reorder a
     weight into the layout their kernel reads once, not at every call: right
     for a process whose weights never change, as a decoding command's (a
-    training process does not set it). A base-model search took 0.94x the time
-    in bfloat16 and 0.91x to 0.96x in float32 at 32 sources, 0.84x in bfloat16
-    at one; the quickstart's small model 0.91x to 0.95x in bfloat16, but 1.03x
-    and 1.14x in float32 at 32 and 8 (2-core AMD EPYC with AVX-512; alternating
-    processes).
+    training process does not set it). It made the base model's search a little
+    faster, the small models' about even (`benchmarks/decode_throughput.py`,
+    alternating processes).
 
     Either variable set in the environment wins (e.g. TF_ENABLE_ONEDNN_OPTS=0).
     """
@@ -113,21 +110,63 @@ def add_config_flags(parser, dataclass, defaults=True, skip=()):
     `defaults=False` an absent flag leaves no attribute (to tell which were given)."""
     helps = _field_docs(dataclass)
     for field in dataclasses.fields(dataclass):
-        if field.name in skip:
-            continue
-        flag = "--" + field.name.replace("_", "-")
-        default = field.default if defaults else argparse.SUPPRESS
-        if field.type is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction,
-                                default=default, help=helps.get(field.name))
-        elif "bare_flag" in field.metadata:  # `--jit-compile` alone means `--jit-compile on`
-            parser.add_argument(flag, nargs="?", const=field.metadata["bare_flag"],
-                                default=default, help=helps.get(field.name))
-        else:
-            # `int | None` is a types.UnionType (a string only under postponed annotations).
-            kind = {int: int, float: float, int | None: int, "int | None": int}.get(
-                field.type, str)
-            parser.add_argument(flag, type=kind, default=default, help=helps.get(field.name))
+        if field.name not in skip:
+            _add_field_flag(parser, field, field.default if defaults else argparse.SUPPRESS,
+                            helps.get(field.name))
+
+
+def add_decoding_flags(parser, names, defaults=None):
+    """The flags of the `DecodingConfig` fields `names` (`--beam-size` for
+    `beam_size`), as `add_config_flags` makes them. `defaults` overrides a
+    field's default for this command: "auto" where the command chooses for the
+    machine it runs on, None where an absent flag leaves the translator's (an
+    export's) own; `decoding_config(args, names)` reads them back."""
+    from keras_transformer.decoding_config import DecodingConfig
+
+    helps = _field_docs(DecodingConfig)
+    fields = {field.name: field for field in dataclasses.fields(DecodingConfig)}
+    defaults = defaults or {}
+    for name in names:
+        field, help = fields[name], helps[name]
+        default = defaults.get(name, field.default)
+        if default is None and field.default is not None:
+            help += f" Default: the export's (a run's: {field.default})."
+        _add_field_flag(parser, field, default, help)
+
+
+def decoding_config(args, names):
+    """The `DecodingConfig` of the decoding flags `names` in `args`, or a
+    ValueError that names the flags, what was received and what to do."""
+    from keras_transformer.decoding_config import DecodingConfig
+
+    try:
+        return DecodingConfig(**{name: getattr(args, name) for name in names})
+    except ValueError as error:
+        message = str(error).removeprefix("DecodingConfig: ")
+        # Field names as the flags that set them: --xla-max-batch-size.
+        message = re.sub(r"\b(" + "|".join(names) + r")\b",
+                         lambda match: "--" + match.group(1).replace("_", "-"), message)
+        raise ValueError(message) from None
+
+
+def _add_field_flag(parser, field, default, help):
+    flag = "--" + field.name.replace("_", "-")
+    choices = field.metadata.get("choices")
+    if field.type is bool:
+        parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                            help=help)
+    elif "bare_flag" in field.metadata:  # `--jit-compile` alone means `--jit-compile on`
+        parser.add_argument(flag, nargs="?", const=field.metadata["bare_flag"], default=default,
+                            choices=choices, help=help)
+    elif "parse" in field.metadata:  # e.g. "1,2,4,8" for a tuple
+        if isinstance(default, tuple):
+            default = ",".join(map(str, default))
+        parser.add_argument(flag, type=field.metadata["parse"], default=default, help=help)
+    else:
+        # `int | None` is a types.UnionType (a string only under postponed annotations).
+        kind = {int: int, float: float, int | None: int, "int | None": int}.get(
+            field.type, str)
+        parser.add_argument(flag, type=kind, default=default, choices=choices, help=help)
 
 
 def _field_docs(dataclass):

@@ -17,8 +17,10 @@ import os
 import sys
 
 from keras_transformer.cli.common import OneLineErrorParser
+from keras_transformer.cli.common import add_decoding_flags
 from keras_transformer.cli.common import corpus_source
 from keras_transformer.cli.common import start_decoding
+from keras_transformer.decoding_config import REQUEST_SETTINGS
 
 
 # How messages name the command (the clone's evaluate.py passes its own name).
@@ -46,9 +48,8 @@ def parse_args(argv, prog=PROG):
     parser.add_argument("--target-language", help="TFDS/bundled language key of the target")
     parser.add_argument("--limit", type=int, default=None, help="score the first N pairs")
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
-    parser.add_argument("--beam-size", type=int, default=None, help="default: 4")
-    parser.add_argument("--alpha", type=float, default=None, help="default: 0.6")
-    parser.add_argument("--extra-length", type=int, default=None, help="default: 50")
+    # None: the translator's own, which a request leaves out.
+    add_decoding_flags(parser, REQUEST_SETTINGS, defaults=dict.fromkeys(REQUEST_SETTINGS))
     parser.add_argument("--output", help="write the translations here, one a line")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
@@ -93,10 +94,11 @@ def main(argv=None, prog=PROG):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     start_decoding(args.verbose)
     from keras_transformer import evaluation
+    from keras_transformer import loading
 
     try:
         pairs = load_pairs(args)
-        translator = evaluation.load_translator(args.export, args.run, args.weights)
+        translator = loading.load_translator(args.export, args.run, args.weights)
         result = evaluation.evaluate(
             translator, pairs, args.batch_size, args.progress, limit=args.limit,
             beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,

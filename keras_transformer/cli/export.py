@@ -17,11 +17,20 @@ import os
 import sys
 
 from keras_transformer.cli.common import OneLineErrorParser
+from keras_transformer.cli.common import add_decoding_flags
+from keras_transformer.cli.common import decoding_config
 from keras_transformer.cli.common import start_decoding
+from keras_transformer.decoding_config import REQUEST_SETTINGS
 
 
 # How messages name the command (the clone's export.py passes its own name).
 PROG = "keras-transformer export"
+# The `DecodingConfig` fields an export takes as flags (--beam-size, ...).
+DECODING_FLAGS = (*REQUEST_SETTINGS, "beam_sizes", "max_input_length", "max_batch_size",
+                  "max_input_chars", "jit_compile", "xla_max_batch_size", "precision")
+# The export chooses XLA for the machine it runs on; the weights stay float32
+# unless --precision says otherwise.
+FLAG_DEFAULTS = {"jit_compile": "auto", "precision": "float32"}
 
 
 def parse_args(argv, prog=PROG):
@@ -42,39 +51,10 @@ def parse_args(argv, prog=PROG):
                         help="the run's averaged checkpoints (the paper's) or its final model")
     parser.add_argument("--version", type=int, default=None,
                         help="version directory; default: one more than the largest there")
-    parser.add_argument("--beam-size", type=int, default=4, help="default beam size K")
-    parser.add_argument("--alpha", type=float, default=0.6, help="default length penalty")
-    parser.add_argument("--extra-length", type=int, default=50,
-                        help="default output tokens allowed beyond the input length")
-    parser.add_argument("--beam-sizes", default="1,2,4,8",
-                        help="beam sizes callers may ask for (one program each)")
-    parser.add_argument("--max-input-length", type=int, default=None,
-                        help="longer inputs are truncated (default: the model's max_positions)")
-    parser.add_argument("--max-batch-size", type=int, default=256,
-                        help="requests of more sentences are refused (InvalidArgument), and "
-                             "the model server's batches are no larger")
-    parser.add_argument("--max-input-chars", type=int, default=10000,
-                        help="requests with a longer sentence are refused (InvalidArgument)")
+    add_decoding_flags(parser, DECODING_FLAGS, defaults=FLAG_DEFAULTS)
     parser.add_argument("--model-name", default=None,
                         help="the model's name in the model server's models.config "
                              "(default: the base name of --out)")
-    parser.add_argument("--jit-compile", nargs="?", const="on", default="auto",
-                        choices=("auto", "on", "off"),
-                        help="compile the beam search with XLA (the model server must "
-                             "enable XLA JIT); auto: on when a GPU is visible")
-    parser.add_argument("--xla-max-batch-size", type=int, default=None,
-                        help="XLA (also with --jit-compile auto on a CPU) for requests of at "
-                             "most this many sentences, larger ones without (on a CPU: 4 for "
-                             "XLA's latency at 1 to 4 sentences, 2x to 3.5x faster here, and "
-                             "the graph's throughput); default: all")
-    parser.add_argument("--precision", choices=("float32", "bfloat16", "float16", "auto"),
-                        default="float32",
-                        help="the weights' and matrix multiplies' type (softmax, layer "
-                             "norm, logits and scores stay float32): bfloat16 for CPUs with "
-                             "AMX or AVX512-BF16 and for GPUs, float16 for older GPUs; auto: "
-                             "bfloat16 where this CPU has AMX or AVX512-BF16 and the search "
-                             "runs without XLA, else float32 (export on the CPU kind that "
-                             "serves)")
     parser.add_argument("--ids-only", action="store_true",
                         help="export only signatures that take token ids "
                              "(serving_default and translate_ids), for TensorFlow without "
@@ -85,10 +65,6 @@ def parse_args(argv, prog=PROG):
     parser.add_argument("--no-check", action="store_true",
                         help="skip reloading the export in a separate process")
     args = parser.parse_args(argv)
-    try:
-        args.beam_sizes = tuple(int(k) for k in args.beam_sizes.split(","))
-    except ValueError:
-        parser.error(f"--beam-sizes must be comma-separated ints. Received: {args.beam_sizes!r}")
     if not os.path.isdir(args.run):
         parser.error(f"--run {args.run} is not a directory")
     if args.warmup_file is not None and not os.path.isfile(args.warmup_file):
@@ -96,10 +72,10 @@ def parse_args(argv, prog=PROG):
     if args.format == "ctranslate2" and args.precision != "float32":
         parser.error("--precision is for SavedModel exports; a CTranslate2 export takes "
                      "--quantization")
-    if args.xla_max_batch_size is not None and (
-            args.jit_compile == "off" or not 1 <= args.xla_max_batch_size <= args.max_batch_size):
-        parser.error("--xla-max-batch-size must be 1 to --max-batch-size, without "
-                     f"--jit-compile off. Received: {args.xla_max_batch_size}")
+    try:
+        args.decoding = decoding_config(args, DECODING_FLAGS)
+    except ValueError as error:
+        parser.error(str(error))
     if args.version is not None and args.version < 1:
         parser.error(f"--version must be >= 1. Received: {args.version}")
     return args
@@ -109,7 +85,6 @@ def main(argv=None, prog=PROG):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     start_decoding(args.verbose)
     # Imported after the flags are checked: a typo should not wait for TensorFlow.
-    from keras_transformer import hardware
     from keras_transformer import runs
     from keras_transformer import saved_model
     from keras_transformer import serving
@@ -118,20 +93,10 @@ def main(argv=None, prog=PROG):
         model, tokenizer, run_config = runs.load_run(args.run, args.weights)
         if args.format == "ctranslate2":
             return export_ctranslate2(model, tokenizer, args, prog)
-        jit_compile = hardware.decoding_jit_compile(args.jit_compile, args.xla_max_batch_size)
-        precision, reason = hardware.decoding_precision(args.precision, jit_compile)
-        if reason:
-            print(f"{prog}: --precision {precision} (auto: {reason})", flush=True)
-        if precision != "float32":
-            model = model.with_dtype(precision)
-        translator = serving.Translator(
-            model, None if args.ids_only else tokenizer, beam_size=args.beam_size, alpha=args.alpha,
-            extra_length=args.extra_length, max_input_length=args.max_input_length,
-            beam_sizes=args.beam_sizes, max_batch_size=args.max_batch_size,
-            max_input_chars=args.max_input_chars,
-            jit_compile=jit_compile,
-            xla_max_batch_size=args.xla_max_batch_size,
-        )
+        config, notes = args.decoding.resolved()
+        for note in notes:
+            print(f"{prog}: {note}", flush=True)
+        translator = serving.Translator(model, None if args.ids_only else tokenizer, config)
         warmup = saved_model.WARMUP_TEXTS
         if args.warmup_file is not None:
             with open(args.warmup_file, encoding="utf-8") as f:
@@ -150,11 +115,12 @@ def main(argv=None, prog=PROG):
         return 1
     checked = "" if args.no_check else ", checked in a separate process"
     print(f"{prog}: wrote {path}{checked}")
-    if translator.jit_compile:
-        shapes = len(translator.batch_sizes) * len(translator.source_lengths)
-        larger = "; larger requests run without XLA" if translator.xla_small_requests_only else ""
-        print(f"  XLA: requests padded to {shapes} shapes (rows {translator.batch_sizes}, "
-              f"source tokens {translator.source_lengths}), compiled by the warm-up requests "
+    shapes = translator.shapes
+    if shapes.xla:
+        count = len(shapes.batch_sizes) * len(shapes.source_lengths)
+        larger = "; larger requests run without XLA" if shapes.xla_small_requests_only else ""
+        print(f"  XLA: requests padded to {count} shapes (rows {shapes.batch_sizes}, "
+              f"source tokens {shapes.source_lengths}), compiled by the warm-up requests "
               f"when the model server loads the version{larger}")
     print(f"  saved_model_cli show --dir {path} --all")
     print(f"  TF Serving: --model_config_file={os.path.basename(server_files[0])} "

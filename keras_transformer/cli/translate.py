@@ -16,7 +16,9 @@ import os
 import sys
 
 from keras_transformer.cli.common import OneLineErrorParser
+from keras_transformer.cli.common import add_decoding_flags
 from keras_transformer.cli.common import start_decoding
+from keras_transformer.decoding_config import REQUEST_SETTINGS
 
 
 # How messages name the command (the clone's translate.py passes its own name).
@@ -37,9 +39,8 @@ def parse_args(argv, prog=PROG):
     parser.add_argument("--weights", choices=("averaged", "final"), default="averaged",
                         help="with --run: which weights")
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
-    parser.add_argument("--beam-size", type=int, default=None, help="default: 4")
-    parser.add_argument("--alpha", type=float, default=None, help="default: 0.6")
-    parser.add_argument("--extra-length", type=int, default=None, help="default: 50")
+    # None: the translator's own, which a request leaves out.
+    add_decoding_flags(parser, REQUEST_SETTINGS, defaults=dict.fromkeys(REQUEST_SETTINGS))
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar on stderr (default: for 200 lines or more)")
     args = parser.parse_args(argv)
@@ -64,10 +65,11 @@ def main(argv=None, prog=PROG):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     start_decoding(args.verbose)
     from keras_transformer import evaluation
+    from keras_transformer import loading
 
     lines = read_lines(args.input)
     try:
-        translator = evaluation.load_translator(args.export, args.run, args.weights)
+        translator = loading.load_translator(args.export, args.run, args.weights)
         translations = evaluation.translate_sentences(
             translator, lines, args.batch_size,
             progress="auto" if args.progress is None else args.progress,

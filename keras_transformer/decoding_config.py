@@ -1,0 +1,214 @@
+"""Decoding and serving settings: one dataclass, the home of every setting's
+default, check and help text.
+
+`Translator` takes a `DecodingConfig` whole; the commands export, translate and
+evaluate build their decoding flags from its fields
+(`keras_transformer.cli.common.add_decoding_flags`); an export records the
+resolved settings in `assets.extra/config.json` ("translator"), which
+`DecodingConfig.from_dict` reads back, exports written before this class
+included. A new setting is a field here, with its line in the docstring.
+
+Imports no TensorFlow: the command lines check their flags before it starts.
+"""
+
+import dataclasses
+import math
+import numbers
+import operator
+
+AUTO = "auto"
+JIT_COMPILE = (AUTO, "on", "off")
+# The weights' and matrix multiplies' type; "auto" is chosen for this machine.
+PRECISIONS = ("float32", "bfloat16", "float16", AUTO)
+# Also what a model trained with mixed precision runs under as it is.
+MIXED_PRECISIONS = ("mixed_float16", "mixed_bfloat16")
+DEFAULT_BEAM_SIZES = (1, 2, 4, 8)
+# The settings a request may give (a signature's optional inputs, the flags of
+# translate and evaluate); the others are fixed when the translator is built.
+REQUEST_SETTINGS = ("beam_size", "alpha", "extra_length")
+# Request limits: one request holds a model server for about as long as the
+# batch takes, and its memory grows with the text's length.
+DEFAULT_MAX_BATCH_SIZE = 256
+DEFAULT_MAX_INPUT_CHARS = 10_000
+# Keys of an export's "translator" settings that are derived from the others.
+_DERIVED = ("padded_batch_sizes", "padded_source_lengths", "ids_only")
+
+
+def positive_int(name, value, owner=None):
+    """`value` as a Python int >= 1 (not a bool), or a ValueError naming `name`
+    (and `owner`, the function or class that takes it)."""
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number < 1:
+        prefix = f"{owner}: " if owner else ""
+        raise ValueError(f"{prefix}{name} must be a positive int. Received: {name}={value!r}")
+    return number
+
+
+def comma_separated_ints(text):
+    """A flag's "1,2,4,8" as a tuple of ints (the export's --beam-sizes)."""
+    return tuple(int(k) for k in text.split(","))
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodingConfig:
+    """How a `Translator` decodes and what requests it takes.
+
+    Sec. 6.1: "we used beam search with a beam size of 4 and length penalty
+    alpha = 0.6 [...] We set the maximum output length during inference to input
+    length + 50, but terminate early when possible." Those are the defaults.
+
+    Args:
+        beam_size: the beam size K (an export's default for requests that
+            name none); one of beam_sizes.
+        alpha: the length penalty strength.
+        extra_length: the output tokens allowed beyond the input length.
+        beam_sizes: beam sizes callers may ask for (one program each).
+        max_input_length: longer inputs are truncated (default: the model's
+            max_positions).
+        max_output_length: the most tokens generated for any input (default:
+            the model's max_positions with learned positions, else
+            max_input_length + extra_length).
+        max_batch_size: requests of more sentences are refused
+            (InvalidArgument), and the model server's batches are no larger.
+        max_input_chars: requests with a longer sentence are refused
+            (InvalidArgument).
+        precision: the weights' and matrix multiplies' type (softmax, layer
+            norm, logits and scores stay float32): bfloat16 for CPUs with AMX
+            or AVX512-BF16 and for GPUs, float16 for older GPUs; auto: bfloat16
+            where this CPU has AMX or AVX512-BF16 and the search runs without
+            XLA, else float32 (export on the CPU kind that serves). None: the
+            model's own (resolved, the model's dtype policy, e.g.
+            mixed_bfloat16).
+        jit_compile: compile the beam search with XLA (the model server must
+            enable XLA JIT), over the padded request shapes of
+            `serving_shapes`; auto: on when a GPU is visible, or when
+            xla_max_batch_size is given.
+        xla_max_batch_size: XLA (also with --jit-compile auto on a CPU) for
+            requests of at most this many sentences, larger ones without: on a
+            CPU, XLA's latency for a few sentences and the graph's throughput
+            for many (benchmarks/serving_latency.py); default: all.
+        use_cache: False re-runs the decoder on the whole prefix every step
+            (for tests and benchmarks); not with XLA.
+        ignore_eos: the end-of-sequence token does not end a hypothesis, so
+            every search runs to its length limit (benchmarks with random
+            weights).
+        transposed_kernels: whether searches multiply by transposed copies of
+            the decoder's kernels (`Transformer.step_function`); None: where
+            that pays on the CPU that traces them
+            (`hardware.decoding_transposed_kernels`).
+    """
+
+    beam_size: int = 4
+    alpha: float = 0.6
+    extra_length: int = 50
+    beam_sizes: tuple = dataclasses.field(
+        default=DEFAULT_BEAM_SIZES, metadata={"parse": comma_separated_ints})
+    max_input_length: int | None = None
+    max_output_length: int | None = None
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_input_chars: int = DEFAULT_MAX_INPUT_CHARS
+    precision: str | None = dataclasses.field(default=None, metadata={"choices": PRECISIONS})
+    jit_compile: str = dataclasses.field(
+        default="off", metadata={"bare_flag": "on", "choices": JIT_COMPILE})
+    xla_max_batch_size: int | None = None
+    use_cache: bool = True
+    ignore_eos: bool = False
+    transposed_kernels: bool | None = None
+
+    def __post_init__(self):
+        if isinstance(self.jit_compile, bool):  # Translator(jit_compile=True), old exports
+            self._set("jit_compile", "on" if self.jit_compile else "off")
+        _require("jit_compile", self.jit_compile, self.jit_compile in JIT_COMPILE,
+                 "must be auto, on or off")
+        _require("beam_sizes", self.beam_sizes, not isinstance(self.beam_sizes, (str, int)),
+                 "must be a sequence of positive ints, e.g. (1, 2, 4, 8)")
+        self._set("beam_sizes", tuple(sorted(
+            {positive_int("beam_sizes", k, "DecodingConfig") for k in self.beam_sizes})))
+        _require("beam_size", self.beam_size, self.beam_size in self.beam_sizes,
+                 f"must be one of beam_sizes={self.beam_sizes}")
+        _require("alpha", self.alpha, _is_real(self.alpha) and math.isfinite(self.alpha),
+                 "must be a finite number")
+        self._set("alpha", float(self.alpha))
+        _require("extra_length", self.extra_length,
+                 isinstance(self.extra_length, int) and not isinstance(self.extra_length, bool)
+                 and self.extra_length >= 0, "must be an int >= 0")
+        for name in ("max_input_length", "max_output_length", "xla_max_batch_size"):
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name), "DecodingConfig")
+        for name in ("max_batch_size", "max_input_chars"):
+            positive_int(name, getattr(self, name), "DecodingConfig")
+        _require("precision", self.precision,
+                 self.precision in (None, *PRECISIONS, *MIXED_PRECISIONS),
+                 f"must be None or one of {', '.join(PRECISIONS)}")
+        _require("xla_max_batch_size", self.xla_max_batch_size,
+                 self.xla_max_batch_size is None or (
+                     self.jit_compile != "off" and self.xla_max_batch_size <= self.max_batch_size),
+                 "needs jit_compile on (or auto) and at most max_batch_size="
+                 f"{self.max_batch_size} sentences; pass no xla_max_batch_size without XLA")
+        _require("use_cache", self.use_cache, self.use_cache or self.jit_compile != "on",
+                 "False re-runs the decoder on a prefix that grows every step, which XLA "
+                 "cannot compile; use jit_compile off with it")
+
+    def _set(self, name, value):
+        object.__setattr__(self, name, value)
+
+    @property
+    def xla(self):
+        """Whether the search is compiled with XLA (once "auto" is resolved)."""
+        return self.jit_compile == "on"
+
+    def resolved(self):
+        """`(config, notes)`: this config with its "auto" and None settings that
+        depend on the machine chosen for it (jit_compile, precision,
+        transposed_kernels; see `keras_transformer.hardware`), and a line for
+        people on each "auto" choice. Imports TensorFlow to look for a GPU."""
+        from keras_transformer import hardware
+
+        notes = []
+        jit_compile = self.jit_compile
+        if jit_compile == AUTO:
+            xla = hardware.decoding_jit_compile(AUTO, self.xla_max_batch_size)
+            jit_compile = "on" if xla else "off"
+        precision = self.precision
+        if precision == AUTO:
+            precision, reason = hardware.decoding_precision(AUTO, jit_compile == "on")
+            notes.append(f"--precision {precision} (auto: {reason})")
+        transposed_kernels = self.transposed_kernels
+        if transposed_kernels is None:
+            transposed_kernels = hardware.decoding_transposed_kernels()
+        config = dataclasses.replace(self, jit_compile=jit_compile, precision=precision,
+                                     transposed_kernels=bool(transposed_kernels))
+        return config, notes
+
+    def to_dict(self):
+        values = dataclasses.asdict(self)
+        values["beam_sizes"] = list(self.beam_sizes)
+        return values
+
+    @classmethod
+    def from_dict(cls, values):
+        """A config from `to_dict`'s keys, or from an export's recorded
+        "translator" settings (`Translator.settings()`, exports written before
+        this class included: their derived keys are skipped, `jit_compile` may
+        be a bool and `xla_max_batch_size` 0 for none)."""
+        values = {name: value for name, value in values.items() if name not in _DERIVED}
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"DecodingConfig got unknown fields {unknown}; known fields "
+                             f"are {sorted(known)}")
+        if not values.get("xla_max_batch_size"):
+            values["xla_max_batch_size"] = None
+        return cls(**values)
+
+
+def _is_real(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _require(name, value, condition, requirement):
+    if not condition:
+        raise ValueError(f"DecodingConfig: {name} {requirement}. Received: {name}={value!r}")

@@ -1,0 +1,60 @@
+"""Loading a translator: from a training run directory (`translator_from_run`) or
+from an export (`load_export`), whichever a command was given (`load_translator`).
+
+A floor above `serving`: the exportable translator knows nothing of training
+runs; this module joins the two (`keras_transformer.runs.load_run` gives the
+model and vocabulary of a run).
+"""
+
+import os
+
+import tensorflow as tf
+
+from keras_transformer import runs
+from keras_transformer import serving
+
+
+def translator_from_run(run_dir, weights="averaged", config=None, **settings):
+    """A `serving.Translator` for a training run directory.
+
+    Args:
+        run_dir: the directory `keras-transformer train` wrote.
+        weights: "averaged" (the paper's average of the last checkpoints) or
+            "final" (the last step's model); see `runs.load_run`.
+        config: the `DecodingConfig` (default: the paper's decoding).
+        **settings: `DecodingConfig` fields that replace the config's.
+    """
+    model, tokenizer, _ = runs.load_run(run_dir, weights)
+    return serving.Translator(model, tokenizer, config, **settings)
+
+
+def load_export(path):
+    """Loads an export: a version directory, or a base directory's newest version."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"export directory {path} does not exist")
+    if not os.path.exists(os.path.join(path, "saved_model.pb")):
+        versions = [name for name in os.listdir(path)
+                    if name.isdigit() and os.path.exists(os.path.join(path, name, "saved_model.pb"))]
+        if not versions:
+            raise FileNotFoundError(
+                f"{path} holds no SavedModel (no saved_model.pb, nor a numbered "
+                "version directory with one); pass a directory written by export.py"
+            )
+        path = os.path.join(path, max(versions, key=int))
+    return tf.saved_model.load(path)
+
+
+def load_translator(export=None, run=None, weights="averaged", config=None, **settings):
+    """A translator from an export directory or from a training run directory.
+
+    Exactly one of `export` (see `load_export`) and `run` (see
+    `translator_from_run`) must be given; `weights`, `config` and `settings`
+    apply to a run.
+    """
+    if (export is None) == (run is None):
+        raise ValueError("pass exactly one of export (an export directory) and run "
+                         "(a training run directory)")
+    if export is not None:
+        return load_export(export)
+    return translator_from_run(run, weights, config, **settings)

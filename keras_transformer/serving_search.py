@@ -1,0 +1,122 @@
+"""A translator's beam searches: one traced program per beam size it offers, with
+XLA or without, over the model's step function and the padded requests of
+`serving_shapes`.
+
+Beam size at run time: one of the sizes traced (`DecodingConfig.beam_sizes`;
+`tf.switch_case` picks one); another gets an `InvalidArgument`. With XLA (and
+`xla_max_batch_size`), requests of at most that many sentences run the XLA
+search and larger ones the graph's; without XLA, finished sources leave the
+batch as they finish (`Transformer.select_examples`).
+"""
+
+import tensorflow as tf
+
+from keras_transformer import decoding
+from keras_transformer.token_ids import BOS_ID
+from keras_transformer.token_ids import EOS_ID
+from keras_transformer.token_ids import PAD_ID
+
+
+class BeamSearches:
+    """The searches of a `serving.Translator`, called inside its graphs.
+
+    Args:
+        model: the `Transformer` (its `initial_cache`, `step_function`,
+            `reorder_cache` and `select_examples`).
+        config: the translator's resolved `DecodingConfig`.
+        output_kernel: the embedding transposed to `(d_model, V)`, a variable
+            the translator keeps (and saves).
+        shapes: the translator's `serving_shapes.RequestShapes`.
+    """
+
+    def __init__(self, model, config, output_kernel, shapes):
+        self.model = model
+        self.config = config
+        self.shapes = shapes
+        modes = {False, True} if shapes.xla_small_requests_only else {shapes.xla}
+        # [graph, XLA] searches, one per beam size.
+        self.traced = [[self._traced(k, xla, output_kernel) for k in config.beam_sizes
+                        if xla in modes] for xla in (False, True)]
+
+    def __call__(self, tokens, beam_size, alpha, extra_length):
+        """Beam search over ragged source tokens `(B, None)`.
+
+        Returns ids `(B, K, T)` (EOS included, padding after), scores `(B, K)`
+        and the source lengths `(B,)` after truncation.
+        """
+        config = self.config
+        tf.debugging.assert_non_negative(extra_length,
+                                         message="extra_length must be >= 0; received")
+        tf.debugging.assert_all_finite(alpha, message="alpha must be finite; received")
+        # No more than the output limit, so that adding lengths cannot overflow.
+        extra_length = tf.minimum(extra_length, config.max_output_length)
+        tokens = tf.cast(tokens, tf.int32)[:, : config.max_input_length]
+        lengths = tf.cast(tokens.row_lengths(), tf.int32)  # (B,)
+        batch_size = tf.shape(lengths)[0]
+
+        def search(xla):
+            return self._padded(xla, tokens, lengths, beam_size, alpha, extra_length)
+        if self.shapes.xla_small_requests_only:
+            ids, scores = tf.cond(batch_size <= self.shapes.xla_max_batch_size,
+                                  lambda: search(True), lambda: search(False))
+        else:
+            ids, scores = search(self.shapes.xla)
+        return ids[:batch_size], scores[:batch_size], lengths
+
+    def _padded(self, xla, tokens, lengths, beam_size, alpha, extra_length):
+        """The search of `beam_size` (with XLA or not) over the padded request:
+        ids and scores of the padded batch."""
+        source_ids, output_limits, longest_output = self.shapes.padded(
+            xla, tokens, lengths, extra_length)
+        searches = self.traced[xla]
+        sizes = tf.constant(self.config.beam_sizes, tf.int32)
+        check = tf.debugging.Assert(
+            tf.reduce_any(tf.equal(beam_size, sizes)),
+            [f"beam_size must be one of {list(self.config.beam_sizes)} (the sizes traced at "
+             "export); received", beam_size],
+        )
+        args = (source_ids, output_limits, longest_output, alpha)
+        with tf.control_dependencies([check]):
+            if len(searches) == 1:
+                return searches[0](*args)
+            index = tf.argmax(tf.cast(tf.equal(beam_size, sizes), tf.int32), output_type=tf.int32)
+        return tf.switch_case(index, [lambda search=search: search(*args) for search in searches])
+
+    def _traced(self, beam_size, jit_compile, output_kernel):
+        """The beam search for one K, a tf.function over padded source ids."""
+        model, config = self.model, self.config
+
+        def search(source_ids, output_limits, longest_output, alpha):
+            batch_size = tf.shape(source_ids)[0]
+            # The encoder runs once per source; the K hypotheses of a source share its cache.
+            cache = model.initial_cache(
+                source_ids, longest_output if config.use_cache else None, beam_size)
+            return decoding.beam_search(
+                model.step_function(config.use_cache, output_kernel, write_cache_in_place=True,
+                                    transposed_kernels=config.transposed_kernels),
+                tf.fill([batch_size], BOS_ID),
+                cache,
+                vocab_size=model.config.vocab_size,
+                max_output_length=longest_output,
+                eos_id=EOS_ID,
+                beam_size=beam_size,
+                alpha=alpha,
+                max_output_lengths=output_limits,
+                padding_id=PAD_ID,
+                ignore_eos=config.ignore_eos,
+                reorder_cache=model.reorder_cache,
+                # Finished sources leave the batch; XLA's shapes cannot change.
+                select_examples=None if jit_compile else model.select_examples,
+            )
+
+        return tf.function(
+            search,
+            jit_compile=jit_compile,
+            autograph=False,
+            input_signature=[
+                tf.TensorSpec([None, None], tf.int32),  # source_ids (B, S)
+                tf.TensorSpec([None], tf.int32),  # output_limits (B,)
+                tf.TensorSpec([], tf.int32),  # longest_output T (a constant for XLA)
+                tf.TensorSpec([], tf.float32),  # alpha
+            ],
+        )
