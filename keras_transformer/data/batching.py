@@ -13,9 +13,8 @@ per bucket (two without `static_batch_size`).
 How: pairs are shuffled, then tokenized and grouped a chunk of 8192 at a time with
 vectorized ops. A `scan` keeps the pairs that do not yet fill a batch of their
 bucket and adds them to the next chunk; a last, empty chunk cuts what is left.
-tf.data's cost is mostly per function call, so no function runs per pair:
-`group_by_window`, which calls one per pair, was 2 to 5 times slower on the
-bundled corpus.
+tf.data's cost is mostly per function call, so no function runs per pair
+(`group_by_window` calls one per pair; benchmarks/input_pipeline.py).
 """
 
 import math
@@ -129,13 +128,8 @@ class BatchStats:
 
     def result(self):
         """`{"pairs_read", "pairs_too_long", "pairs_batched"}` as Python ints."""
-        read = int(self.pairs_read.numpy())
-        too_long = int(self.pairs_too_long.numpy())
-        return {
-            "pairs_read": read,
-            "pairs_too_long": too_long,
-            "pairs_batched": read - too_long,
-        }
+        read, too_long = int(self.pairs_read.numpy()), int(self.pairs_too_long.numpy())
+        return {"pairs_read": read, "pairs_too_long": too_long, "pairs_batched": read - too_long}
 
     def reset(self):
         self.pairs_read.assign(0)
