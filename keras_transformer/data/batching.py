@@ -215,86 +215,6 @@ def make_batches(
         tf.int64,
     )
     stats = stats if stats is not None else BatchStats()
-    num_buckets = len(bucket_boundaries)
-
-    def tokenize(chunk):
-        source = tokenizer.tokenize(chunk["source"])  # (n, None)
-        target = tokenizer.tokenize(chunk["target"])  # (n, None)
-        source = tf.cast(source, tf.int32).with_row_splits_dtype(tf.int64)
-        target = tf.cast(target, tf.int32).with_row_splits_dtype(tf.int64)
-        # The decoder sees BOS + target and predicts target + EOS: one more token.
-        keep = tf.logical_and(
-            source.row_lengths() <= max_sentence_tokens,
-            target.row_lengths() + 1 <= max_sentence_tokens,
-        )  # (n,)
-        num_dropped = tf.reduce_sum(tf.cast(tf.logical_not(keep), tf.int64))
-        with tf.control_dependencies([
-            stats.pairs_read.assign_add(tf.size(keep, out_type=tf.int64)),
-            stats.pairs_too_long.assign_add(num_dropped),
-        ]):
-            return (
-                tf.ragged.boolean_mask(source, keep),
-                tf.ragged.boolean_mask(target, keep),
-                tf.constant(False),
-            )
-
-    def group(state, chunk):
-        """Adds a chunk of pairs to those waiting and cuts every full batch.
-
-        The waiting pairs are the state: a bucket's pairs wait until they fill a
-        batch, or until the end of the data (`flush`) cuts the rest as they are.
-        """
-        source_values, source_lengths, target_values, target_lengths, step = state
-        chunk_source, chunk_target, flush = chunk
-        source = tf.concat([
-            tf.RaggedTensor.from_row_lengths(source_values, source_lengths), chunk_source,
-        ], axis=0)  # (n, None)
-        target = tf.concat([
-            tf.RaggedTensor.from_row_lengths(target_values, target_lengths), chunk_target,
-        ], axis=0)  # (n, None)
-        length = tf.maximum(source.row_lengths(), target.row_lengths() + 1)  # (n,)
-        # The first bucket whose padded length holds the pair.
-        bucket = tf.searchsorted(lengths, length, side="left", out_type=tf.int64)  # (n,)
-        # Pairs sorted by bucket, in arrival order within a bucket.
-        order = tf.argsort(bucket, stable=True)  # (n,)
-        sorted_bucket = tf.gather(bucket, order)  # (n,)
-        count = tf.math.bincount(
-            tf.cast(bucket, tf.int32), minlength=num_buckets, maxlength=num_buckets,
-            dtype=tf.int64,
-        )  # (K,)
-        position = tf.range(tf.size(bucket, out_type=tf.int64)) - tf.gather(
-            tf.cumsum(count, exclusive=True), sorted_bucket
-        )  # (n,) position of each sorted pair within its bucket
-        size = tf.gather(batch_sizes, sorted_bucket)  # (n,)
-        in_full_batch = position < tf.gather(count // batch_sizes * batch_sizes, sorted_bucket)
-        cut = tf.logical_or(in_full_batch, flush)  # (n,)
-        cut_order = tf.boolean_mask(order, cut)  # (m,)
-        wait_order = tf.boolean_mask(order, tf.logical_not(cut))
-        batch_starts = tf.where(tf.boolean_mask(position % size == 0, cut))[:, 0]  # (b,)
-        batch_bucket = tf.gather(tf.boolean_mask(sorted_bucket, cut), batch_starts)  # (b,)
-        batch_source = tf.RaggedTensor.from_row_starts(
-            tf.gather(source, cut_order), batch_starts
-        )  # (b, None, None)
-        batch_target = tf.RaggedTensor.from_row_starts(
-            tf.gather(target, cut_order), batch_starts
-        )  # (b, None, None)
-        if shuffle:
-            # Batches leave in random order, not bucket by bucket.
-            noise = tf.random.stateless_uniform(
-                tf.shape(batch_bucket), seed=tf.stack([shuffle_seed, step])
-            )
-            permutation = tf.argsort(noise)
-            batch_source = tf.gather(batch_source, permutation)
-            batch_target = tf.gather(batch_target, permutation)
-            batch_bucket = tf.gather(batch_bucket, permutation)
-        waiting_source = tf.gather(source, wait_order)
-        waiting_target = tf.gather(target, wait_order)
-        state = (
-            waiting_source.flat_values, waiting_source.row_lengths(),
-            waiting_target.flat_values, waiting_target.row_lengths(),
-            step + 1,
-        )
-        return state, (batch_source, batch_target, batch_bucket)
 
     def pad(source, target, bucket):
         num_rows = batch_sizes[bucket] if static_batch_size else source.nrows()
@@ -303,9 +223,7 @@ def make_batches(
     shuffle_seed = tf.constant(0 if seed is None else seed, tf.int64)
     if shuffle and seed is None:
         shuffle_seed = tf.random.uniform([], maxval=2**62, dtype=tf.int64)
-    empty = tf.RaggedTensor.from_row_lengths(
-        tf.zeros([0], tf.int32), tf.zeros([0], tf.int64)
-    )
+    empty = tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int32), tf.zeros([0], tf.int64))
     initial_state = (
         tf.zeros([0], tf.int32), tf.zeros([0], tf.int64),
         tf.zeros([0], tf.int32), tf.zeros([0], tf.int64),
@@ -318,10 +236,12 @@ def make_batches(
     # each function call, so none is made per pair.
     dataset = (
         dataset.batch(CHUNK_SIZE)
-        .map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+        .map(lambda chunk: _tokenize(chunk, tokenizer, max_sentence_tokens, stats),
+             num_parallel_calls=tf.data.AUTOTUNE)
         # A last, empty chunk flushes the pairs still waiting.
         .concatenate(tf.data.Dataset.from_tensors((empty, empty, tf.constant(True))))
-        .scan(initial_state, group)
+        .scan(initial_state, lambda state, chunk: _group(
+            state, chunk, lengths, batch_sizes, shuffle_seed if shuffle else None))
         .unbatch()
         .map(pad, num_parallel_calls=tf.data.AUTOTUNE)
         .prefetch(tf.data.AUTOTUNE)
@@ -331,10 +251,90 @@ def make_batches(
     # Under MultiWorkerMirroredStrategy every worker runs this pipeline and keeps its
     # replicas' share of each global batch, so the workers together train on the
     # batches one device would (sharding by file would give each its own stream).
-    options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.DATA
-    )
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return dataset.with_options(options)
+
+
+def _tokenize(chunk, tokenizer, max_sentence_tokens, stats):
+    """A chunk of pairs as ragged source and target ids `(n, None)`, those too long
+    dropped (and counted in `stats`), and False: not the flushing chunk."""
+    source = tokenizer.tokenize(chunk["source"])  # (n, None)
+    target = tokenizer.tokenize(chunk["target"])  # (n, None)
+    source = tf.cast(source, tf.int32).with_row_splits_dtype(tf.int64)
+    target = tf.cast(target, tf.int32).with_row_splits_dtype(tf.int64)
+    # The decoder sees BOS + target and predicts target + EOS: one more token.
+    keep = tf.logical_and(
+        source.row_lengths() <= max_sentence_tokens,
+        target.row_lengths() + 1 <= max_sentence_tokens,
+    )  # (n,)
+    num_dropped = tf.reduce_sum(tf.cast(tf.logical_not(keep), tf.int64))
+    with tf.control_dependencies([
+        stats.pairs_read.assign_add(tf.size(keep, out_type=tf.int64)),
+        stats.pairs_too_long.assign_add(num_dropped),
+    ]):
+        return (
+            tf.ragged.boolean_mask(source, keep),
+            tf.ragged.boolean_mask(target, keep),
+            tf.constant(False),
+        )
+
+
+def _group(state, chunk, lengths, batch_sizes, shuffle_seed):
+    """Adds a chunk of pairs to those waiting and cuts every full batch.
+
+    The waiting pairs are the state: a bucket's pairs wait until they fill a
+    batch, or until the end of the data (`flush`) cuts the rest as they are.
+    `lengths` and `batch_sizes` `(K,)`: each bucket's padded length and batch
+    size; with a `shuffle_seed`, the batches leave in an order drawn from it and
+    the chunk's number.
+    """
+    source_values, source_lengths, target_values, target_lengths, step = state
+    chunk_source, chunk_target, flush = chunk
+    source = tf.concat([
+        tf.RaggedTensor.from_row_lengths(source_values, source_lengths), chunk_source,
+    ], axis=0)  # (n, None)
+    target = tf.concat([
+        tf.RaggedTensor.from_row_lengths(target_values, target_lengths), chunk_target,
+    ], axis=0)  # (n, None)
+    length = tf.maximum(source.row_lengths(), target.row_lengths() + 1)  # (n,)
+    # The first bucket whose padded length holds the pair.
+    bucket = tf.searchsorted(lengths, length, side="left", out_type=tf.int64)  # (n,)
+    # Pairs sorted by bucket, in arrival order within a bucket.
+    order = tf.argsort(bucket, stable=True)  # (n,)
+    sorted_bucket = tf.gather(bucket, order)  # (n,)
+    num_buckets = lengths.shape[0]
+    count = tf.math.bincount(
+        tf.cast(bucket, tf.int32), minlength=num_buckets, maxlength=num_buckets,
+        dtype=tf.int64,
+    )  # (K,)
+    position = tf.range(tf.size(bucket, out_type=tf.int64)) - tf.gather(
+        tf.cumsum(count, exclusive=True), sorted_bucket
+    )  # (n,) position of each sorted pair within its bucket
+    size = tf.gather(batch_sizes, sorted_bucket)  # (n,)
+    in_full_batch = position < tf.gather(count // batch_sizes * batch_sizes, sorted_bucket)
+    cut = tf.logical_or(in_full_batch, flush)  # (n,)
+    cut_order = tf.boolean_mask(order, cut)  # (m,)
+    wait_order = tf.boolean_mask(order, tf.logical_not(cut))
+    batch_starts = tf.where(tf.boolean_mask(position % size == 0, cut))[:, 0]  # (b,)
+    batches = (
+        tf.RaggedTensor.from_row_starts(tf.gather(source, cut_order), batch_starts),
+        tf.RaggedTensor.from_row_starts(tf.gather(target, cut_order), batch_starts),
+        tf.gather(tf.boolean_mask(sorted_bucket, cut), batch_starts),
+    )  # (b, None, None), (b, None, None), (b,)
+    if shuffle_seed is not None:
+        # Batches leave in random order, not bucket by bucket.
+        noise = tf.random.stateless_uniform(
+            tf.shape(batches[2]), seed=tf.stack([shuffle_seed, step]))
+        permutation = tf.argsort(noise)
+        batches = tuple(tf.gather(part, permutation) for part in batches)
+    waiting_source = tf.gather(source, wait_order)
+    waiting_target = tf.gather(target, wait_order)
+    state = (
+        waiting_source.flat_values, waiting_source.row_lengths(),
+        waiting_target.flat_values, waiting_target.row_lengths(),
+        step + 1,
+    )
+    return state, batches
 
 
 def pad_batch(source, target, length, num_rows):
