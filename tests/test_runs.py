@@ -3,9 +3,11 @@
 import json
 import os
 
+import numpy as np
 import pytest
 
 from keras_transformer import TrainingConfig
+from keras_transformer import run_configs
 from keras_transformer import runs
 from tests.translation_fixtures import make_run_dir
 
@@ -65,3 +67,55 @@ def test_a_swapped_vocabulary_is_refused_on_resume(tmp_path, model, tokenizer):
         f.write("extra\t0\n")
     with pytest.raises(ValueError, match="is not the vocabulary this run was trained with"):
         runs.check_same_vocabulary(run, saved)
+
+
+def test_the_layout_of_a_run_directory(tmp_path):
+    """The file names that runs written before `Run` existed have: changing one
+    would leave those runs unable to resume, average or load."""
+    run = runs.Run(str(tmp_path))
+    assert {name: os.path.relpath(path, str(tmp_path)) for name, path in [
+        ("config", run.config_path), ("vocab", run.vocab_dir),
+        ("checkpoints", run.checkpoints.directory), ("logs", run.tensorboard_dir),
+        ("csv", run.csv_log), ("averaged", run.averaged_weights), ("final", run.final_model),
+        ("lock", run.lock_path)]} == {
+        "config": "config.json", "vocab": "vocab", "checkpoints": "checkpoints",
+        "logs": "logs", "csv": "log.csv", "averaged": "averaged.weights.h5",
+        "final": "model.keras", "lock": ".lock"}
+    checkpoint = run.checkpoints.path(12)
+    assert os.path.relpath(checkpoint, str(tmp_path)) == os.path.join(
+        "checkpoints", "ckpt-00000012.weights.h5")
+    assert run.checkpoints.rng_path(checkpoint).endswith(
+        os.path.join("checkpoints", "ckpt-00000012.rng.npy"))
+
+
+def test_checkpoints_are_listed_by_step_and_removed_with_their_random_state(tmp_path):
+    checkpoints = runs.Run(str(tmp_path)).checkpoints
+    assert checkpoints.list() == [] and checkpoints.last(2) == []
+    os.makedirs(checkpoints.directory)
+    for step in (100, 9, 20):
+        open(checkpoints.path(step), "w").close()
+        open(checkpoints.rng_path(checkpoints.path(step)), "w").close()
+    for other in ("ckpt-00000030.tmp-7.weights.h5", "ckpt-00000040.weights.h5.unreadable"):
+        open(os.path.join(checkpoints.directory, other), "w").close()
+    assert checkpoints.list() == [(step, checkpoints.path(step)) for step in (9, 20, 100)]
+    assert checkpoints.last(2) == [checkpoints.path(20), checkpoints.path(100)]
+    checkpoints.remove(checkpoints.path(9))
+    assert not os.path.exists(checkpoints.rng_path(checkpoints.path(9)))
+    aside = checkpoints.set_aside(checkpoints.path(100))
+    assert aside == checkpoints.path(100) + ".unreadable" and os.path.exists(aside)
+    assert [step for step, _ in checkpoints.list()] == [20]
+
+
+def test_the_module_functions_are_the_run_s_methods(tmp_path, model, tokenizer):
+    run_dir = make_run_dir(tmp_path / "run", tokenizer, model)
+    run = runs.Run(run_dir)
+    assert runs.read_config(run_dir) == run.read_config()
+    loaded, _, config = run.load()
+    assert config == runs.load_run(run_dir)[2] and loaded.config == model.config
+    for a, b in zip(loaded.get_weights(), runs.load_run(run_dir)[0].get_weights()):
+        np.testing.assert_array_equal(a, b)
+    # Their old names, from before run_configs.py held them.
+    assert runs.resolve_configs is run_configs.resolve_configs
+    assert runs.check_same_model is run_configs.check_same_model
+    with pytest.raises(AttributeError):
+        runs.no_such_name

@@ -171,7 +171,7 @@ def test_a_run_without_checkpoints_starts_from_init_from(tmp_path, capsys):
         training.restore_latest_checkpoint(model, str(tmp_path / "new"), str(run))
 
 
-def test_a_model_without_dropout_checkpoints_and_resumes(tmp_path):
+def test_a_model_without_dropout_keeps_only_weights(tmp_path):
     # No dropout layer, no random state to save: the checkpoint holds the weights alone.
     model = kt.build_transformer(kt.TransformerConfig.tiny(30, d_model=16, d_ff=32,
                                                            dropout_rate=0.0))
