@@ -19,14 +19,15 @@ from keras_transformer.config import PRECISIONS
 from keras_transformer.data.batching import without_autotuning
 from keras_transformer.distributed import is_chief
 from keras_transformer.durable import write_atomically
-from keras_transformer.runs import CHECKPOINT_PATTERN  # noqa: F401 (kept under its old name)
-from keras_transformer.runs import Checkpoints
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import Perplexity
 from keras_transformer.metrics import TokenAccuracy
 from keras_transformer.model import build_transformer
 from keras_transformer.optimizers import adam
+from keras_transformer.runs import Checkpoints
 from keras_transformer.schedules import TransformerSchedule
+
+CHECKPOINT_PATTERN = runs.CHECKPOINT_PATTERN  # its name from before runs.Checkpoints
 
 
 def set_precision(precision):
