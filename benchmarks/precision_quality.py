@@ -56,7 +56,7 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    model, tokenizer, _ = runs.load_run(args.run)
+    model, tokenizer, _ = runs.Run(args.run).load()
     pairs = data.load_parallel(args.test, "test")
     report = {"run": args.run, "test": args.test, "limit": args.limit,
               "machine": cpu_flags(), "precisions": {}}

@@ -249,7 +249,7 @@ def run_ours(args, directory):
         raise RuntimeError(f"train.py failed (exit {result.returncode}); the end of "
                            f"{train_log}:\n{tail}")
     cpu_by_step = read_log(os.path.join(run_dir, "log.csv"))
-    checkpoints = training.list_checkpoints(os.path.join(run_dir, "checkpoints"))
+    checkpoints = runs.Checkpoints(os.path.join(run_dir, "checkpoints")).list()
     missing = [step for step, _ in checkpoints if step not in cpu_by_step]
     if missing:
         raise ValueError(f"{run_dir}/log.csv has no row for the checkpoints of steps {missing}")
@@ -263,7 +263,7 @@ def run_ours(args, directory):
     test_pairs = load_pairs(args, "test", args.test_pairs)
     sources = [source for source, _ in test_pairs]
     references = [target for _, target in test_pairs]
-    model, tokenizer, run_config = runs.load_run(run_dir)
+    model, tokenizer, run_config = runs.Run(run_dir).load()
     translator = serving.Translator(model, tokenizer)  # beam 4, alpha 0.6 (Sec. 6.1)
     averaged = evaluation.evaluate(translator, test_pairs, limit=args.test_pairs)
     hypotheses = averaged["hypotheses"]

@@ -19,7 +19,6 @@ the sacreBLEU. Progress goes to stderr, the JSON alone to stdout.
 
 import argparse
 import csv
-import json
 import os
 import shlex
 import subprocess
@@ -93,9 +92,9 @@ def run_recipe(args, vocab_size, tokens_per_batch, dropout_rate, directory):
         raise RuntimeError(f"training failed (exit {result.returncode}); see "
                            f"{os.path.join(directory, 'train.log')}")
     times = read_log(os.path.join(run_dir, runs.CSV_LOG))
-    checkpoints = training.list_checkpoints(os.path.join(run_dir, runs.CHECKPOINTS))
+    checkpoints = runs.Checkpoints(os.path.join(run_dir, runs.CHECKPOINTS)).list()
     pairs = data.load_parallel("bundled", "dev").take(args.dev_pairs)
-    model, tokenizer, _ = runs.load_run(run_dir)
+    model, tokenizer, _ = runs.Run(run_dir).load()
     translator = serving.Translator(model, tokenizer)  # beam 4, alpha 0.6
     final = evaluation.evaluate(translator, pairs)
     last_step = checkpoints[-1][0]

@@ -118,7 +118,7 @@ def parse_args(argv):
 def load_model(args):
     """(model, tokenizer, translator options) for the run or the random model."""
     if args.run:
-        model, tokenizer, _ = runs.load_run(args.run)
+        model, tokenizer, _ = runs.Run(args.run).load()
         return model, tokenizer, dict(extra_length=50)
     pairs = data.load_parallel("bundled", "train").take(20000)
     tokenizer = data.SubwordTokenizer.train(pairs, vocab_size=args.vocab_size)

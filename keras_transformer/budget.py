@@ -203,7 +203,7 @@ class TimeAccount(keras.callbacks.Callback):
         return {**seconds, **{part: value for part, (_, value) in self.apart.items()}}
 
     def line(self):
-        """One line for people: "Where the 7.1 minutes went: start-up 8 s, ..."."""
+        """One line for people: "Where the M minutes went: start-up S s, ..."."""
         seconds = self.summary()
         parts = ", ".join(f"{phase} {value:.0f} s" for phase, value in seconds.items())
         return f"Where the {sum(seconds.values()) / 60:.1f} minutes went: {parts}."

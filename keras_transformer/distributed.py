@@ -24,8 +24,9 @@ def make_strategy(name="auto", tpu=""):
     - "auto": multi_worker when `TF_CONFIG` names several tasks, mirrored with
       several GPUs, one_device with one, and with none TensorFlow's default
       strategy (no distribution): `OneDeviceStrategy` feeds a CPU through a
-      prefetching iterator of its own whose threads cost a 1-core run 13% of
-      its step time and idle seconds at the end of every `fit`.
+      prefetching iterator of its own whose threads compete with the steps
+      for the cores and leave them idle at the end of every `fit` (the time
+      breakdown in docs/cpu-recipes.md).
 
     Call it first: a multi-worker strategy must be made before TensorFlow runs
     anything.

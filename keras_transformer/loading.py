@@ -2,7 +2,7 @@
 from an export (`load_export`), whichever a command was given (`load_translator`).
 
 A floor above `serving`: the exportable translator knows nothing of training
-runs; this module joins the two (`keras_transformer.runs.load_run` gives the
+runs; this module joins the two (`keras_transformer.runs.Run.load` gives the
 model and vocabulary of a run).
 """
 
@@ -20,11 +20,11 @@ def translator_from_run(run_dir, weights="averaged", config=None, **settings):
     Args:
         run_dir: the directory `keras-transformer train` wrote.
         weights: "averaged" (the paper's average of the last checkpoints) or
-            "final" (the last step's model); see `runs.load_run`.
+            "final" (the last step's model); see `runs.Run.load`.
         config: the `DecodingConfig` (default: the paper's decoding).
         **settings: `DecodingConfig` fields that replace the config's.
     """
-    model, tokenizer, _ = runs.load_run(run_dir, weights)
+    model, tokenizer, _ = runs.Run(run_dir).load(weights)
     return serving.Translator(model, tokenizer, config, **settings)
 
 

@@ -1,9 +1,8 @@
 """The CPU recipe for a time budget, chosen from this machine's measured speed.
 
 A short budget on a slow CPU buys few updates, and a recipe tuned on a fast CPU
-then learns nothing useful (a 4.5-minute run of 190 updates on a 2-core AVX2
-EPYC translated "Y los hijos de los hijos de los hijos..."). Before the
-vocabulary is built, `keras-transformer train --time-budget N` times a matrix
+then learns nothing useful in them (docs/cpu-recipes.md has such runs). Before
+the vocabulary is built, `keras-transformer train --time-budget N` times a matrix
 multiply in the run's precision (`matmul_flops_per_second`), estimates the
 updates each recipe of `RECIPES` would get (`training_flops`), and takes the
 first recipe that gets the updates it needs (`choose`): the bigger vocabulary
@@ -23,9 +22,10 @@ import time
 # and averaging (`keras-transformer train` prints the breakdown at its end).
 STEP_SHARE = 0.75
 # Training steps run at about this share of the matrix-multiply speed measured by
-# `matmul_flops_per_second` (0.72 for cpu-small's float32 steps on 2 cores of a
-# Zen 4 EPYC with oneDNN held to AVX2): the model's multiplies are smaller than
-# the probe's, and a step also runs softmaxes, layer norms and Adam.
+# `matmul_flops_per_second` (cpu-small's float32 `mfu` in
+# benchmarks/train_throughput.py, against the matrix-multiply peak it measures):
+# the model's multiplies are smaller than the probe's, and a step also runs
+# softmaxes, layer norms and Adam.
 STEP_EFFICIENCY = 0.7
 # Mean padded sentence length of a batch, in tokens, for `training_flops`.
 MEAN_LENGTH = 32

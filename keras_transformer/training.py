@@ -1,19 +1,17 @@
 """Training pieces: precision, compile, the fit loop, checkpoints, averaging, callbacks.
 
 `train.py` reads top to bottom over these; users of `model.fit` in their own
-scripts use them directly (see docs/library.md).
+scripts use them directly (see docs/library.md). Checkpoints are named and
+listed by `runs.Checkpoints`, the run directory's other files by `runs.Run`.
 """
 
-import glob
 import math
 import os
-import re
 import sys
 import time
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_transformer import runs
 from keras_transformer.budget import ProgressLine
@@ -26,9 +24,8 @@ from keras_transformer.metrics import Perplexity
 from keras_transformer.metrics import TokenAccuracy
 from keras_transformer.model import build_transformer
 from keras_transformer.optimizers import adam
+from keras_transformer.runs import Checkpoints
 from keras_transformer.schedules import TransformerSchedule
-
-CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.weights\.h5$")
 
 
 def set_precision(precision):
@@ -147,20 +144,6 @@ def _segments(step, last_step, checkpoint_every, planned_steps):
 # Checkpoints ---------------------------------------------------------------
 
 
-def checkpoint_path(directory, step):
-    return os.path.join(directory, f"ckpt-{step:08d}.weights.h5")
-
-
-def list_checkpoints(directory):
-    """`[(step, path)]` of the checkpoints in `directory`, oldest first."""
-    found = []
-    for path in glob.glob(os.path.join(directory, "ckpt-*.weights.h5")):
-        match = CHECKPOINT_PATTERN.search(os.path.basename(path))
-        if match:
-            found.append((int(match.group(1)), path))
-    return sorted(found)
-
-
 class StepCheckpoint(keras.callbacks.Callback):
     """Saves model and optimizer state every epoch, keeping the last `keep`.
 
@@ -172,13 +155,15 @@ class StepCheckpoint(keras.callbacks.Callback):
     only the chief writes.
 
     Args:
-        directory: where the `ckpt-<step>.weights.h5` files go.
+        directory: where the checkpoints go (`runs.Run(...).checkpoints.directory`);
+            `runs.Checkpoints` names them.
         keep: how many to keep (at least as many as are averaged).
     """
 
     def __init__(self, directory, keep=5):
         super().__init__()
         self.directory = directory
+        self.checkpoints = Checkpoints(directory)
         self.keep = keep
         self.seconds = 0.0  # spent writing checkpoints
 
@@ -195,21 +180,15 @@ class StepCheckpoint(keras.callbacks.Callback):
             return
         os.makedirs(self.directory, exist_ok=True)
         step = int(self.model.optimizer.iterations.numpy())
-        path = checkpoint_path(self.directory, step)
+        path = self.checkpoints.path(step)
         # Dropout's random state first: a checkpoint is whole once its weights exist.
         states = [v.numpy() for v in _rng_states(self.model)]
         if states:  # none without dropout (dropout_rate 0)
-            write_atomically(_rng_path(path),
+            write_atomically(self.checkpoints.rng_path(path),
                              lambda temporary: np.save(temporary, np.stack(states)))
         write_atomically(path, self.model.save_weights)
-        for _, old in list_checkpoints(self.directory)[: -self.keep]:
-            os.remove(old)
-            if os.path.exists(_rng_path(old)):
-                os.remove(_rng_path(old))
-
-
-def _rng_path(checkpoint):
-    return checkpoint.replace(".weights.h5", ".rng.npy")
+        for _, old in self.checkpoints.list()[: -self.keep]:
+            self.checkpoints.remove(old)
 
 
 def _rng_states(model):
@@ -229,19 +208,20 @@ def restore_latest_checkpoint(model, directory, init_from=""):
     """
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
-    checkpoints = list_checkpoints(directory)
+    found = Checkpoints(directory)
+    checkpoints = found.list()
     for step, path in reversed(checkpoints):
         try:
             model.load_weights(path)
-            if os.path.exists(_rng_path(path)):
-                for variable, value in zip(_rng_states(model), np.load(_rng_path(path))):
+            if os.path.exists(found.rng_path(path)):
+                for variable, value in zip(_rng_states(model), np.load(found.rng_path(path))):
                     variable.assign(value)
         except Exception as error:  # h5py, Keras and NumPy each raise their own
             print(f"Checkpoint {path} cannot be read ({type(error).__name__}: "
                   f"{str(error).splitlines()[0] if str(error) else ''}); renamed it to "
                   f"{os.path.basename(path)}.unreadable and going back to the one before.",
                   file=sys.stderr, flush=True)
-            os.replace(path, path + ".unreadable")
+            found.set_aside(path)
             continue
         if int(model.optimizer.iterations.numpy()) != step:
             raise ValueError(
@@ -338,14 +318,19 @@ class BleuEvaluation(keras.callbacks.Callback):
         logs["bleu"] = float(evaluation.evaluate(translator, self.pairs)["bleu"])
 
 
-def run_callbacks(run_dir, config, clock, chief=True, tokenizer=None, dev_pairs=None):
+def run_callbacks(run, config, clock, chief=True, tokenizer=None, dev_pairs=None):
     """The callbacks of a `train.py` run, in order: stop on NaN, checkpoint,
     learning rate, the clock, dev BLEU every `config.bleu_every` steps (chief
     only, with `tokenizer` and `dev_pairs`), the progress line, and on the chief
-    the TensorBoard and CSV logs."""
+    the TensorBoard and CSV logs.
+
+    Args:
+        run: the `runs.Run` (or its directory) that the checkpoints and logs go to.
+    """
+    run = runs.Run(run) if isinstance(run, (str, os.PathLike)) else run
     callbacks = [
         keras.callbacks.TerminateOnNaN(),
-        StepCheckpoint(os.path.join(run_dir, runs.CHECKPOINTS), keep=config.keep_checkpoints),
+        StepCheckpoint(run.checkpoints.directory, keep=config.keep_checkpoints),
         LearningRateLogger(),
         clock,
     ]
@@ -357,7 +342,7 @@ def run_callbacks(run_dir, config, clock, chief=True, tokenizer=None, dev_pairs=
     callbacks.append(ProgressLine(config.steps, clock))
     if chief:
         callbacks += [
-            keras.callbacks.TensorBoard(os.path.join(run_dir, runs.TENSORBOARD_LOGS)),
-            keras.callbacks.CSVLogger(os.path.join(run_dir, runs.CSV_LOG), append=True),
+            keras.callbacks.TensorBoard(run.tensorboard_dir),
+            keras.callbacks.CSVLogger(run.csv_log, append=True),
         ]
     return callbacks

@@ -60,11 +60,9 @@ MUTANTS = [
            'tokenized = sacrebleu.metrics.BLEU(tokenize="13a")',
            ["tests/test_evaluation.py"]),
     # train averages the first --average-last checkpoints instead of the last.
-    mutant("average-first-checkpoints", "keras_transformer/cli/train.py",
-           "last = [path for _, path in training.list_checkpoints(checkpoint_dir)]"
-           "[-config.average_last:]",
-           "last = [path for _, path in training.list_checkpoints(checkpoint_dir)]"
-           "[:config.average_last]",
+    mutant("average-first-checkpoints", "keras_transformer/runs.py",
+           "return [path for _, path in self.list()][-count:]",
+           "return [path for _, path in self.list()][:count]",
            ["tests/test_train_cli.py::test_any_step_count_model_flags_and_resume_checks"],
            slow=True),
     mutant("average-without-dividing", "keras_transformer/training.py",
@@ -132,8 +130,8 @@ MUTANTS = [
            ["tests/test_schedules.py"]),
     # Checkpoints pruned one too many: fewer left than are averaged.
     mutant("checkpoints-kept-one-fewer", "keras_transformer/training.py",
-           "for _, old in list_checkpoints(self.directory)[: -self.keep]:",
-           "for _, old in list_checkpoints(self.directory)[: -self.keep + 1]:",
+           "for _, old in self.checkpoints.list()[: -self.keep]:",
+           "for _, old in self.checkpoints.list()[: -self.keep + 1]:",
            ["tests/test_training.py"]),
     # Outputs one token longer than source length + extra_length.
     mutant("output-limit-off-by-one", "keras_transformer/serving_shapes.py",

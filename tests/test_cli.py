@@ -318,12 +318,12 @@ def test_export_flags_land_where_they_act(run_dir, tokenizer, tmp_path, monkeypa
         return table.astype(np.float16)
 
     reader = tf.train.load_checkpoint(os.path.join(path, "variables", "variables"))
-    final = embedding(runs.load_run(run_dir, "final")[0])
+    final = embedding(runs.Run(run_dir).load("final")[0])
     tables = [reader.get_tensor(name) for name, shape in
               reader.get_variable_to_shape_map().items() if tuple(shape) == final.shape]
     assert tables and all(table.dtype == np.float16 for table in tables)
     assert any(np.array_equal(table, final) for table in tables)
-    averaged = embedding(runs.load_run(run_dir, "averaged")[0])
+    averaged = embedding(runs.Run(run_dir).load("averaged")[0])
     assert not any(np.array_equal(table, averaged) for table in tables)
     loaded = tf.saved_model.load(path)
     # Too long for --max-input-chars, too many for --max-batch-size: refused.

@@ -78,7 +78,7 @@ def test_same_translations_as_our_beam_search_and_int8_bleu(tmp_path):
          "--quantization", "int8", "--out", str(tmp_path / "int8")],
         env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=900)
     assert exported.returncode == 0, exported.stderr
-    model, tokenizer, _ = runs.load_run(run)
+    model, tokenizer, _ = runs.Run(run).load()
     ctranslate2_model.export_ctranslate2(model, tokenizer, str(tmp_path / "float32"))
     pairs = list(data.load_parallel("bundled", "test").take(200).as_numpy_iterator())
     sources = [pair["source"].decode() for pair in pairs]

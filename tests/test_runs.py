@@ -6,6 +6,7 @@ import os
 import pytest
 
 from keras_transformer import TrainingConfig
+from keras_transformer import run_configs
 from keras_transformer import runs
 from tests.translation_fixtures import make_run_dir
 
@@ -14,54 +15,91 @@ pytestmark = pytest.mark.keeps_graphs
 
 def test_load_run_reports_missing_pieces(tmp_path, model, tokenizer):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        runs.load_run(str(tmp_path / "nowhere"))
+        runs.Run(str(tmp_path / "nowhere")).load()
     with pytest.raises(FileNotFoundError, match="config.json not found"):
-        runs.load_run(str(tmp_path))
+        runs.Run(str(tmp_path)).load()
     run = make_run_dir(tmp_path / "run", tokenizer, model)
     os.remove(os.path.join(run, runs.AVERAGED_WEIGHTS))
     with pytest.raises(FileNotFoundError, match="try weights='final'"):
-        runs.load_run(run)
-    loaded, _, config = runs.load_run(run, "final")
+        runs.Run(run).load()
+    loaded, _, config = runs.Run(run).load("final")
     assert loaded.config == model.config and config["model"] == model.config.to_dict()
 
 
 def test_config_is_written_whole_and_read_back(tmp_path, model):
     run = str(tmp_path / "run")
     training = TrainingConfig(steps=7)
-    runs.write_config(run, model.config, training)
+    runs.Run(run).write_config(model.config, training)
     assert os.listdir(run) == [runs.CONFIG]  # no temporary file left behind
     with open(os.path.join(run, runs.CONFIG)) as f:
-        assert json.load(f) == runs.read_config(run)
-    assert runs.read_config(run) == {"model": model.config.to_dict(),
+        assert json.load(f) == runs.Run(run).read_config()
+    assert runs.Run(run).read_config() == {"model": model.config.to_dict(),
                                      "training": training.to_dict()}
-    assert runs.read_config(str(tmp_path / "none")) is None
+    assert runs.Run(str(tmp_path / "none")).read_config() is None
 
 
 def test_a_resumed_run_may_change_only_how_long_it_trains(tmp_path, model):
     run = str(tmp_path / "run")
     fields = TrainingConfig(model="tiny", steps=7).to_dict()
-    config, model_config, saved = runs.resolve_configs(run, fields, {"model", "steps"})
+    config, model_config, saved = run_configs.resolve_configs(run, fields, {"model", "steps"})
     assert saved is None and config.steps == 7 and model_config.d_model == 64
-    runs.write_config(run, model_config, config)
+    runs.Run(run).write_config(model_config, config)
 
     longer = dict(fields, steps=20, time_budget=3.0)
-    config, resumed_model, saved = runs.resolve_configs(run, longer, {"steps", "time_budget"})
+    config, resumed_model, saved = run_configs.resolve_configs(run, longer, {"steps", "time_budget"})
     assert (config.steps, config.time_budget) == (20, 3.0)
     assert resumed_model == model_config and saved["training"]["steps"] == 7
     with pytest.raises(ValueError, match=r"other settings \({'tokens_per_batch': 99}"):
-        runs.resolve_configs(run, dict(fields, tokens_per_batch=99), {"tokens_per_batch"})
-    runs.check_same_model(run, saved, model_config)
-    wider = runs.resolve_configs(run, fields, set(), {"d_model": 128})[1]
+        run_configs.resolve_configs(run, dict(fields, tokens_per_batch=99), {"tokens_per_batch"})
+    run_configs.check_same_model(run, saved, model_config)
+    wider = run_configs.resolve_configs(run, fields, set(), {"d_model": 128})[1]
     with pytest.raises(ValueError, match=r"another shape \({'d_model': 128}"):
-        runs.check_same_model(run, saved, wider)
+        run_configs.check_same_model(run, saved, wider)
 
 
 def test_a_swapped_vocabulary_is_refused_on_resume(tmp_path, model, tokenizer):
     run = make_run_dir(tmp_path / "run", tokenizer, model)
-    saved = runs.read_config(run)
+    saved = runs.Run(run).read_config()
     assert saved["vocab_sha256"] == runs.vocabulary_digest(os.path.join(run, runs.VOCAB))
-    runs.check_same_vocabulary(run, saved)
+    runs.Run(run).check_same_vocabulary(saved)
     with open(os.path.join(run, runs.VOCAB, "subword.vocab"), "a") as f:
         f.write("extra\t0\n")
     with pytest.raises(ValueError, match="is not the vocabulary this run was trained with"):
-        runs.check_same_vocabulary(run, saved)
+        runs.Run(run).check_same_vocabulary(saved)
+
+
+def test_the_layout_of_a_run_directory(tmp_path):
+    """The file names that runs written before `Run` existed have: changing one
+    would leave those runs unable to resume, average or load."""
+    run = runs.Run(str(tmp_path))
+    assert {name: os.path.relpath(path, str(tmp_path)) for name, path in [
+        ("config", run.config_path), ("vocab", run.vocab_dir),
+        ("checkpoints", run.checkpoints.directory), ("logs", run.tensorboard_dir),
+        ("csv", run.csv_log), ("averaged", run.averaged_weights), ("final", run.final_model),
+        ("lock", run.lock_path)]} == {
+        "config": "config.json", "vocab": "vocab", "checkpoints": "checkpoints",
+        "logs": "logs", "csv": "log.csv", "averaged": "averaged.weights.h5",
+        "final": "model.keras", "lock": ".lock"}
+    checkpoint = run.checkpoints.path(12)
+    assert os.path.relpath(checkpoint, str(tmp_path)) == os.path.join(
+        "checkpoints", "ckpt-00000012.weights.h5")
+    assert run.checkpoints.rng_path(checkpoint).endswith(
+        os.path.join("checkpoints", "ckpt-00000012.rng.npy"))
+
+
+def test_checkpoints_are_listed_by_step_and_removed_with_their_random_state(tmp_path):
+    checkpoints = runs.Run(str(tmp_path)).checkpoints
+    assert checkpoints.list() == [] and checkpoints.last(2) == []
+    os.makedirs(checkpoints.directory)
+    for step in (100, 9, 20):
+        open(checkpoints.path(step), "w").close()
+        open(checkpoints.rng_path(checkpoints.path(step)), "w").close()
+    for other in ("ckpt-00000030.tmp-7.weights.h5", "ckpt-00000040.weights.h5.unreadable"):
+        open(os.path.join(checkpoints.directory, other), "w").close()
+    assert checkpoints.list() == [(step, checkpoints.path(step)) for step in (9, 20, 100)]
+    assert checkpoints.last(2) == [checkpoints.path(20), checkpoints.path(100)]
+    checkpoints.remove(checkpoints.path(9))
+    assert not os.path.exists(checkpoints.rng_path(checkpoints.path(9)))
+    aside = checkpoints.set_aside(checkpoints.path(100))
+    assert aside == checkpoints.path(100) + ".unreadable" and os.path.exists(aside)
+    assert [step for step, _ in checkpoints.list()] == [20]

@@ -22,11 +22,11 @@ import keras_transformer as kt  # also registers the classes model.keras holds
 from keras_transformer import budget
 from keras_transformer import data
 from keras_transformer import runs
+from keras_transformer import run_configs
 from keras_transformer import training
 from keras_transformer.cli import train
 from keras_transformer.config import TrainingConfig
 from keras_transformer.config import TransformerConfig
-from keras_transformer.training import list_checkpoints
 from tests.test_distributed import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -124,7 +124,7 @@ def test_bad_flag_type_gives_one_line_from_a_quiet_process(tmp_path):
 def test_model_shape_flags_resolve_over_the_preset(tmp_path):
     args, fields, overrides, explicit = train.parse_args(
         ["--model", "cpu-medium", "--num-layers", "3", "--norm-first", "--d-ff", "512"])
-    config, resolved, _ = runs.resolve_configs(str(tmp_path / "run"), fields, explicit, overrides)
+    config, resolved, _ = run_configs.resolve_configs(str(tmp_path / "run"), fields, explicit, overrides)
     preset = TransformerConfig.preset("cpu-medium", vocab_size=config.vocab_size)
     assert (resolved.num_layers, resolved.norm_first, resolved.d_ff) == (3, True, 512)
     assert (resolved.d_model, resolved.num_heads) == (preset.d_model, preset.num_heads)
@@ -133,7 +133,7 @@ def test_model_shape_flags_resolve_over_the_preset(tmp_path):
     path.write_text(TransformerConfig.preset("c_dmodel256", vocab_size=123).to_json())
     args, fields, overrides, explicit = train.parse_args(
         ["--model-config", str(path), "--dropout-rate", "0.2"])
-    resolved = runs.resolve_configs(
+    resolved = run_configs.resolve_configs(
         str(tmp_path / "run"), fields, explicit, overrides, args.model_config)[1]
     assert resolved == TransformerConfig.preset(
         "c_dmodel256", vocab_size=fields["vocab_size"], max_positions=256, dropout_rate=0.2)
@@ -148,7 +148,7 @@ def test_every_model_and_training_flag_lands_in_its_config(tmp_path):
              "--data", "corpus/{split}.en,corpus/{split}.es", "--source-language", "de",
              "--target-language", "fr", "--average-last", "3"]
     args, fields, overrides, explicit = train.parse_args(flags)
-    config, resolved, _ = runs.resolve_configs(str(tmp_path / "run"), fields, explicit, overrides)
+    config, resolved, _ = run_configs.resolve_configs(str(tmp_path / "run"), fields, explicit, overrides)
     assert (resolved.key_dim, resolved.value_dim, resolved.label_smoothing,
             resolved.norm_first) == (12, 20, 0.05, False)
     assert (config.seed, config.length_buckets, config.data, config.source_language,
@@ -189,7 +189,7 @@ def test_any_step_count_model_flags_and_resume_checks(tmp_path):
              "--d-ff", "64", "--norm-first"]
     result = _train([*QUICK, *shape, "--steps", "5", "--out", run])
     assert result.returncode == 0, result.stderr
-    checkpoints = list_checkpoints(os.path.join(run, "checkpoints"))
+    checkpoints = runs.Checkpoints(os.path.join(run, "checkpoints")).list()
     assert [step for step, _ in checkpoints] == [2, 4, 5]
     # --average-last 2: the mean of checkpoints 4 and 5, read from the files with h5py.
     assert_mean_of(os.path.join(run, runs.AVERAGED_WEIGHTS), [path for _, path in checkpoints],
@@ -211,7 +211,7 @@ def test_any_step_count_model_flags_and_resume_checks(tmp_path):
     longer = _train([*QUICK, *shape, "--steps", "7", "--out", run])
     assert longer.returncode == 0, longer.stderr
     assert "Resuming" in longer.stdout
-    assert [step for step, _ in list_checkpoints(os.path.join(run, "checkpoints"))][-2:] == [6, 7]
+    assert [step for step, _ in runs.Checkpoints(os.path.join(run, "checkpoints")).list()][-2:] == [6, 7]
 
 
 @pytest.mark.slow
@@ -281,7 +281,7 @@ def test_killed_run_resumes_like_an_uninterrupted_one(accumulate_steps, tmp_path
         env=dict(os.environ, PYTHONPATH=ROOT, ROOT=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
                  **deterministic), capture_output=True, text=True, timeout=900)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    assert [step for step, _ in list_checkpoints(os.path.join(interrupted, "checkpoints"))] == [2]
+    assert [step for step, _ in runs.Checkpoints(os.path.join(interrupted, "checkpoints")).list()] == [2]
     assert not os.path.exists(os.path.join(interrupted, "model.keras"))
 
     resumed = _train([*flags, "--out", interrupted], **deterministic)
@@ -437,7 +437,7 @@ def test_a_diverged_run_exits_1_with_its_last_good_checkpoint(tmp_path):
         capture_output=True, text=True, timeout=900)
     assert result.returncode == 1, result.stderr
     assert "the loss diverged (NaN); the last good checkpoint is in" in result.stderr
-    assert [step for step, _ in list_checkpoints(os.path.join(run, "checkpoints"))] == [4]
+    assert [step for step, _ in runs.Checkpoints(os.path.join(run, "checkpoints")).list()] == [4]
     model = kt.build_transformer(TransformerConfig.from_dict(
         json.load(open(os.path.join(run, "config.json")))["model"]))
     training.compile_for_training(model)
@@ -502,7 +502,7 @@ def test_multi_worker_run_trains_and_resumes(tmp_path):
         return [stdout for stdout, _ in outputs]
 
     train_on_two_workers(4)
-    assert [step for step, _ in list_checkpoints(os.path.join(run, "checkpoints"))] == [2, 4]
+    assert [step for step, _ in runs.Checkpoints(os.path.join(run, "checkpoints")).list()] == [2, 4]
     for stdout in train_on_two_workers(6):
         assert f"Resuming {run} at step 4." in stdout
     model = keras.saving.load_model(os.path.join(run, "model.keras"))

@@ -7,6 +7,7 @@ import pytest
 
 import keras_transformer as kt
 from keras_transformer import budget
+from keras_transformer import runs
 from keras_transformer import training
 
 
@@ -24,11 +25,11 @@ def test_average_checkpoints_is_the_mean(tmp_path):
         weights = [np.random.randn(*w.shape).astype("float32") for w in model.get_weights()]
         model.set_weights(weights)
         model.optimizer.iterations.assign(step)
-        path = training.checkpoint_path(str(tmp_path), step)
+        path = runs.Checkpoints(str(tmp_path)).path(step)
         model.save_weights(path)
         saved.append(weights)
     averaged = training.average_checkpoints(
-        model, [p for _, p in training.list_checkpoints(str(tmp_path))[-2:]])
+        model, [p for _, p in runs.Checkpoints(str(tmp_path)).list()[-2:]])
     for result, first, second in zip(averaged, saved[1], saved[2]):
         np.testing.assert_allclose(result, (first + second) / 2, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(model.get_weights()[0], averaged[0])
@@ -43,7 +44,7 @@ def test_step_checkpoint_keeps_the_last_and_never_a_nan(tmp_path):
         callback.on_epoch_end(0, {"loss": 1.0})
     model.optimizer.iterations.assign(40)
     callback.on_epoch_end(0, {"loss": math.nan})
-    assert [step for step, _ in training.list_checkpoints(str(tmp_path))] == [20, 30]
+    assert [step for step, _ in runs.Checkpoints(str(tmp_path)).list()] == [20, 30]
     assert sorted(os.listdir(tmp_path)) == [
         "ckpt-00000020.rng.npy", "ckpt-00000020.weights.h5",
         "ckpt-00000030.rng.npy", "ckpt-00000030.weights.h5"]
@@ -124,7 +125,7 @@ def test_an_unreadable_newest_checkpoint_is_skipped(tmp_path, capsys):
     for step in (10, 20):
         model.optimizer.iterations.assign(step)
         callback.on_epoch_end(0, {"loss": 1.0})
-    newest = training.checkpoint_path(str(tmp_path), 20)
+    newest = runs.Checkpoints(str(tmp_path)).path(20)
     with open(newest, "r+b") as f:  # a disk that filled up half-way through
         f.truncate(os.path.getsize(newest) // 2)
 
@@ -133,32 +134,30 @@ def test_an_unreadable_newest_checkpoint_is_skipped(tmp_path, capsys):
     assert int(restored.optimizer.iterations.numpy()) == 10
     assert "cannot be read" in capsys.readouterr().err
     assert os.path.exists(newest + ".unreadable")
-    assert [step for step, _ in training.list_checkpoints(str(tmp_path))] == [10]
+    assert [step for step, _ in runs.Checkpoints(str(tmp_path)).list()] == [10]
 
-    with open(training.checkpoint_path(str(tmp_path), 10), "wb") as f:
+    with open(runs.Checkpoints(str(tmp_path)).path(10), "wb") as f:
         f.write(b"not a checkpoint")
     with pytest.raises(ValueError, match="no checkpoint in .* can be read"):
         training.restore_latest_checkpoint(_compiled_model(), str(tmp_path))
 
 
 def test_a_run_without_checkpoints_starts_from_init_from(tmp_path, capsys):
-    from keras_transformer import runs
-
     source = _compiled_model()
     source.set_weights([np.random.randn(*w.shape).astype("float32") for w in source.get_weights()])
     run = tmp_path / "trained"
     os.makedirs(run / runs.VOCAB)
     os.makedirs(run / runs.CHECKPOINTS)
     (run / runs.VOCAB / "subword.model").write_text("")
-    runs.write_config(str(run), source.config, kt.TrainingConfig())
+    runs.Run(str(run)).write_config(source.config, kt.TrainingConfig())
     source.optimizer.iterations.assign(30)
-    source.save_weights(training.checkpoint_path(str(run / runs.CHECKPOINTS), 30))
+    source.save_weights(runs.Checkpoints(str(run / runs.CHECKPOINTS)).path(30))
 
     averaged = kt.build_transformer(source.config)  # averaged weights: no optimizer state
     averaged.set_weights(source.get_weights())
     averaged.save_weights(str(run / runs.AVERAGED_WEIGHTS))
 
-    for init_from in (str(run), training.checkpoint_path(str(run / runs.CHECKPOINTS), 30)):
+    for init_from in (str(run), runs.Checkpoints(str(run / runs.CHECKPOINTS)).path(30)):
         model = _compiled_model()
         assert training.restore_latest_checkpoint(model, str(tmp_path / "new"), init_from) == 0
         assert int(model.optimizer.iterations.numpy()) == 0  # a fresh optimizer
@@ -171,7 +170,7 @@ def test_a_run_without_checkpoints_starts_from_init_from(tmp_path, capsys):
         training.restore_latest_checkpoint(model, str(tmp_path / "new"), str(run))
 
 
-def test_a_model_without_dropout_checkpoints_and_resumes(tmp_path):
+def test_a_model_without_dropout_keeps_only_weights(tmp_path):
     # No dropout layer, no random state to save: the checkpoint holds the weights alone.
     model = kt.build_transformer(kt.TransformerConfig.tiny(30, d_model=16, d_ff=32,
                                                            dropout_rate=0.0))
@@ -181,7 +180,7 @@ def test_a_model_without_dropout_checkpoints_and_resumes(tmp_path):
     callback.set_model(model)
     model.optimizer.iterations.assign(5)
     callback.on_epoch_end(0, {"loss": 1.0})
-    assert [step for step, _ in training.list_checkpoints(str(tmp_path))] == [5]
+    assert [step for step, _ in runs.Checkpoints(str(tmp_path)).list()] == [5]
     restored = kt.build_transformer(model.config)
     training.compile_for_training(restored, warmup_steps=10)
     assert training.restore_latest_checkpoint(restored, str(tmp_path)) == 5

@@ -58,7 +58,7 @@ def make_run_dir(path, tokenizer, model):
     tokenizer.save(os.path.join(path, runs.VOCAB))
     model.save_weights(os.path.join(path, runs.AVERAGED_WEIGHTS))
     model.save(os.path.join(path, runs.FINAL_MODEL))
-    runs.write_config(path, model.config, TrainingConfig())
+    runs.Run(path).write_config(model.config, TrainingConfig())
     return path
 
 

@@ -90,7 +90,7 @@ def main(argv=None, prog=PROG):
     from keras_transformer import serving
 
     try:
-        model, tokenizer, run_config = runs.load_run(args.run, args.weights)
+        model, tokenizer, run_config = runs.Run(args.run).load(args.weights)
         if args.format == "ctranslate2":
             return export_ctranslate2(model, tokenizer, args, prog)
         config, notes = args.decoding.resolved()

@@ -90,22 +90,81 @@ def main(argv=None, prog=PROG):
 
 def run(args, fields, model_overrides, explicit, prog=PROG):
     # Heavy imports after argument parsing, so that --help is instant.
-    import keras
-
-    import keras_transformer as kt
     from keras_transformer import budget
-    from keras_transformer import data
     from keras_transformer import distributed
-    from keras_transformer import durable
-    from keras_transformer import evaluation
-    from keras_transformer import hardware
-    from keras_transformer import recipes
+    from keras_transformer import run_configs
     from keras_transformer import runs
     from keras_transformer import training
 
     account = budget.TimeAccount(_START["wall"])
-    # === Config: flags, or the saved config of the run being resumed ===
-    config, model_config, saved = runs.resolve_configs(
+    run_dir = runs.Run(args.out)
+    # === Config: flags, or the saved config of the run being resumed; the device ===
+    config, model_config, saved, strategy = configure(args, fields, model_overrides, explicit)
+    account.mark("start-up")
+    # On a multi-worker run every worker computes, only the chief writes, and --out
+    # must be on a filesystem all workers share (they read its vocab and checkpoints).
+    chief = distributed.is_chief(strategy)
+
+    # === Data and the shared vocabulary ===
+    train_pairs, dev_pairs = (load_pairs(config, split) for split in ("train", "dev"))
+    if chief:  # one trainer per run directory, once the flags and data are checked
+        run_dir.lock()
+    tokenizer = run_dir.load_vocabulary(  # the other workers wait for the chief's
+        train_pairs, config, chief, lambda: distributed.same_on_all_workers(strategy, 0))
+    model_config = dataclasses.replace(model_config, vocab_size=tokenizer.vocab_size)
+    run_configs.check_same_model(args.out, saved, model_config)
+    if chief and saved is None:
+        run_dir.write_config(model_config, config)
+
+    # === Model, at the last checkpoint of a resumed run, and batches ===
+    model, schedule, step = build_model(run_dir, model_config, config, strategy)
+    train_batches, dev_batches = make_batches(config, tokenizer, train_pairs, dev_pairs, strategy)
+    account.mark("vocabulary and batches")
+
+    # === Time budget: time the first steps, then plan checkpoints and warm-up ===
+    clock = budget.TrainingClock(
+        config.time_budget * 60 or None, config.time_budget_clock,
+        start=_START[config.time_budget_clock], wall_start=_START["wall"])
+    max_steps = config.steps if "steps" in explicit or not config.time_budget else None
+    if config.time_budget and not step and budget.worth_planning(max_steps):
+        config, step = plan_budget(model, schedule, train_batches, clock, config, explicit,
+                                   max_steps)
+        if chief:
+            run_dir.write_config(model_config, config)
+        account.mark("timing steps")
+
+    # === Fit: an epoch is a checkpoint interval ===
+    callbacks = [*training.run_callbacks(run_dir, config, clock, chief, tokenizer, dev_pairs),
+                 account]
+    losses, step = fit(model, train_batches, dev_batches, step, max_steps, config, callbacks, clock)
+    if not ended_well(losses, callbacks, account, run_dir, prog):
+        return 1
+    if not chief:
+        return 0
+    if config.time_budget:  # the steps it took
+        run_dir.write_config(model_config, dataclasses.replace(config, steps=step))
+
+    # === Average the last checkpoints (Sec. 6.1), save, and translate test sentences ===
+    averaged = save(model, run_dir, config, step, clock, account)
+    if config.test_sentences:
+        print_test_bleu(averaged, tokenizer, config)
+    return 0
+
+
+def configure(args, fields, model_overrides, explicit):
+    """`(config, model_config, saved, strategy)`: the configs (`resolve_configs`),
+    with the "auto" settings resolved for the strategy's device and, on a CPU with
+    a time budget, the recipe that this CPU's speed affords; `saved` is the
+    resumed run's config.json or None. Sets the seed and the precision."""
+    import keras
+
+    from keras_transformer import distributed
+    from keras_transformer import hardware
+    from keras_transformer import recipes
+    from keras_transformer import run_configs
+    from keras_transformer import training
+
+    config, model_config, saved = run_configs.resolve_configs(
         args.out, fields, explicit, model_overrides, args.model_config)
     # The strategy first: a multi-worker one configures collectives, which must
     # happen before TensorFlow runs anything.
@@ -123,28 +182,28 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
             config, model_config, recipes,
             keep_dropout="dropout_rate" in model_overrides or args.model_config is not None)
         print(recipe_line, flush=True)
-    account.mark("start-up")
-    # On a multi-worker run every worker computes, only the chief writes, and --out
-    # must be on a filesystem all workers share (they read its vocab and checkpoints).
-    chief = distributed.is_chief(strategy)
+    return config, model_config, saved, strategy
 
-    # === Data and the shared vocabulary ===
-    source, splits = corpus_source(config.data), corpus_splits(config.data)
-    languages = dict(source_language=config.source_language,
-                     target_language=config.target_language)
-    train_pairs = data.load_parallel(source, splits["train"], **languages)
-    dev_pairs = data.load_parallel(source, splits["dev"], **languages)
-    if chief:  # one trainer per run directory, once the flags and data are checked
-        durable.lock_for_writing(args.out)
-    tokenizer = runs.load_vocabulary(  # the other workers wait for the chief's
-        args.out, train_pairs, config, chief, lambda: distributed.same_on_all_workers(strategy, 0))
 
-    # === Model, and the last checkpoint of a resumed run ===
-    model_config = dataclasses.replace(model_config, vocab_size=tokenizer.vocab_size)
-    runs.check_same_model(args.out, saved, model_config)
-    if chief and saved is None:
-        runs.write_config(args.out, model_config, config)
-    checkpoint_dir = os.path.join(args.out, runs.CHECKPOINTS)
+def load_pairs(config, split):
+    """The `(source, target)` pairs of `split` ("train", "dev" or "test") of
+    `config.data`."""
+    from keras_transformer import data
+
+    return data.load_parallel(corpus_source(config.data), corpus_splits(config.data)[split],
+                              source_language=config.source_language,
+                              target_language=config.target_language)
+
+
+def build_model(run_dir, model_config, config, strategy):
+    """`(model, schedule, step)`: the model compiled with the paper's recipe, at
+    the last checkpoint of `run_dir` (step 0 without one: fresh, or with the
+    weights of `--init-from`), and its optimizer's schedule."""
+    import keras_transformer as kt
+    from keras_transformer import distributed
+    from keras_transformer import training
+
+    checkpoint_dir = run_dir.checkpoints.directory
     with strategy.scope():
         model = kt.build_transformer(model_config)
         schedule = training.compile_for_training(
@@ -154,9 +213,16 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     distributed.require_same_on_all_workers(
         strategy, step, f"the checkpoints in {checkpoint_dir}: this worker resumes at {step}")
     if step:
-        print(f"Resuming {args.out} at step {step}.", flush=True)
+        print(f"Resuming {run_dir.directory} at step {step}.", flush=True)
+    return model, schedule, step
 
-    # === Batches: each epoch planned from the seed, so a resumed run starts at its step ===
+
+def make_batches(config, tokenizer, train_pairs, dev_pairs, strategy):
+    """`(train_batches, dev_batches)`: the training batches, each epoch planned
+    from the seed so that a resumed run starts at its step, and the dev batches
+    in their lengths."""
+    from keras_transformer import data
+
     batch_args = dict(tokenizer=tokenizer, tokens_per_batch=config.tokens_per_batch,
                       max_sentence_tokens=config.max_sentence_tokens,
                       num_replicas=strategy.num_replicas_in_sync)
@@ -167,70 +233,85 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
           f"{', '.join(f'{rows}x{length}' for rows, length, _ in shapes)}; padding "
           f"{train_batches.padding['source']:.1%} of source and "
           f"{train_batches.padding['target']:.1%} of target tokens.", flush=True)
-    account.mark("vocabulary and batches")
+    if train_batches.pairs_too_long:
+        count = train_batches.pairs_too_long
+        print(f"Left out {count} training pair{'s' if count > 1 else ''} longer than "
+              f"{config.max_sentence_tokens} tokens (--max-sentence-tokens).", flush=True)
     # Deterministic and full-size batches, so workers agree on each one and no
-    # replica gets an empty share; in the training batches' lengths.
+    # replica gets an empty share.
     dev_batches = data.make_batches(dev_pairs, shuffle=False, deterministic=True,
                                     static_batch_size=True,
                                     bucket_boundaries=train_batches.bucket_boundaries,
                                     **batch_args)
+    return train_batches, dev_batches
 
-    # === Time budget: time the first steps, then plan checkpoints and warm-up ===
-    clock = budget.TrainingClock(
-        config.time_budget * 60 or None, config.time_budget_clock,
-        start=_START[config.time_budget_clock], wall_start=_START["wall"])
-    max_steps = config.steps if "steps" in explicit or not config.time_budget else None
-    if config.time_budget and not step and budget.worth_planning(max_steps):
-        print(f"Timing the first {budget.CALIBRATION_STEPS} steps to plan a {config.time_budget:g}"
-              f"-minute ({config.time_budget_clock} clock) run...", flush=True)
-        config, step = budget.plan_run(model, schedule, train_batches.dataset(0), clock, config,
-                                       explicit, max_steps)
-        if chief:
-            runs.write_config(args.out, model_config, config)
-        print(f"Planned about {config.steps} steps: a checkpoint every "
-              f"{config.checkpoint_every}, warm-up {config.warmup_steps} to learning rate "
-              f"{schedule.peak_learning_rate():.2e}.", flush=True)
-        account.mark("timing steps")
 
-    # === Fit: an epoch is a checkpoint interval ===
-    callbacks = training.run_callbacks(args.out, config, clock, chief, tokenizer, dev_pairs)
-    callbacks.append(account)
-    losses, step = training.fit_by_checkpoints(
+def plan_budget(model, schedule, train_batches, clock, config, explicit, max_steps):
+    """`(config, step)`: times the first steps of a budgeted run and plans the
+    rest (`budget.plan_run`)."""
+    from keras_transformer import budget
+
+    print(f"Timing the first {budget.CALIBRATION_STEPS} steps to plan a {config.time_budget:g}"
+          f"-minute ({config.time_budget_clock} clock) run...", flush=True)
+    config, step = budget.plan_run(model, schedule, train_batches.dataset(0), clock, config,
+                                   explicit, max_steps)
+    print(f"Planned about {config.steps} steps: a checkpoint every "
+          f"{config.checkpoint_every}, warm-up {config.warmup_steps} to learning rate "
+          f"{schedule.peak_learning_rate():.2e}.", flush=True)
+    return config, step
+
+
+def fit(model, train_batches, dev_batches, step, max_steps, config, callbacks, clock):
+    """`(losses, step)`: trains from `step` (`training.fit_by_checkpoints`) until
+    `max_steps`, or with a budget until the clock says stop."""
+    from keras_transformer import training
+
+    return training.fit_by_checkpoints(
         model, lambda step: train_batches.dataset(step, config.accumulate_steps), dev_batches,
         step, max_steps, config.checkpoint_every, config.steps, callbacks,
         stop=clock.over_budget, budgeted=bool(config.time_budget),
         accumulate_steps=config.accumulate_steps)
+
+
+def ended_well(losses, callbacks, account, run_dir, prog):
+    """Accounts for the steps and says whether training ended well; a diverged
+    run (a NaN loss) says where its last good checkpoint is."""
+    from keras_transformer import training
+
     account.mark("steps")
-    account.set_apart("checkpoints", next(
-        callback.seconds for callback in callbacks if isinstance(callback, training.StepCheckpoint)),
-        "steps")
-    if train_batches.pairs_too_long:
-        print(f"Dropped {train_batches.pairs_too_long} training pairs longer than "
-              f"{config.max_sentence_tokens} tokens.")
+    account.set_apart("checkpoints", next(callback.seconds for callback in callbacks
+                                          if isinstance(callback, training.StepCheckpoint)),
+                      "steps")
     if not all(map(math.isfinite, losses)):
         print(f"{prog}: the loss diverged (NaN); the last good checkpoint is in "
-              f"{checkpoint_dir}", file=sys.stderr)
-        return 1
-    if not chief:
-        return 0
-    if config.time_budget:
-        runs.write_config(args.out, model_config, dataclasses.replace(config, steps=step))
+              f"{run_dir.checkpoints.directory}", file=sys.stderr)
+        return False
+    return True
 
-    # === Average the last checkpoints (Sec. 6.1) and save ===
-    durable.write_atomically(os.path.join(args.out, runs.FINAL_MODEL), model.save)
-    last = [path for _, path in training.list_checkpoints(checkpoint_dir)][-config.average_last:]
-    averaged_path = os.path.join(args.out, runs.AVERAGED_WEIGHTS)
-    averaged = training.save_average(model, last, averaged_path)
+
+def save(model, run_dir, config, step, clock, account):
+    """Writes the final model and the average of the last `config.average_last`
+    checkpoints (Sec. 6.1); returns a model that holds the average."""
+    from keras_transformer import training
+
+    run_dir.save_final_model(model)
+    last = run_dir.checkpoints.last(config.average_last)
+    averaged = training.save_average(model, last, run_dir.averaged_weights)
     account.mark("averaging and saving")
     print(f"Trained {step} steps in {clock.elapsed() / 60:.1f} minutes "
           f"({config.time_budget_clock} clock); averaged the last {len(last)} checkpoints "
-          f"into {averaged_path}")
+          f"into {run_dir.averaged_weights}")
     print(account.line(), flush=True)
+    return averaged
 
-    # === Samples and test BLEU with the averaged weights, beam search ===
-    if not config.test_sentences:
-        return 0
-    test_pairs = data.load_parallel(source, splits["test"], **languages)
+
+def print_test_bleu(averaged, tokenizer, config):
+    """Translates `config.test_sentences` test sentences with the averaged
+    weights (beam search), prints three of them and their sacreBLEU."""
+    import keras_transformer as kt
+    from keras_transformer import evaluation
+
+    test_pairs = load_pairs(config, "test")
     result = evaluation.evaluate(kt.Translator(averaged, tokenizer), test_pairs,
                                  limit=config.test_sentences)
     for pair, hypothesis in zip(test_pairs.take(3).as_numpy_iterator(), result["hypotheses"]):
@@ -238,7 +319,6 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
               f"reference:   {pair['target'].decode()}")
     print(f"\nTest BLEU on {result['sentences']} sentences: {result['bleu']:.2f} "
           f"({result['signature']})")
-    return 0
 
 
 def choose_recipe(config, model_config, recipes, keep_dropout=False):
