@@ -302,6 +302,8 @@ class CpuBudget(keras.callbacks.Callback):
     Attributes:
         points: `[{"cpu_seconds", "steps", "weights"}]`, one per saved weights
             file, in order; the last is where training stopped.
+        checked_before_stop: the CPU time at the batch end before the last
+            point's, the last check that found the budget unspent.
     """
 
     def __init__(self, cpu_seconds, directory, fractions=(0.25, 0.5, 0.75),
@@ -313,6 +315,8 @@ class CpuBudget(keras.callbacks.Callback):
         self.validation_data = validation_data
         self.log = log or (lambda message: None)
         self.points = []
+        self.checked_before_stop = None
+        self._last_check = None
 
     def on_epoch_end(self, epoch, logs=None):
         if self.model.stop_training:
@@ -326,6 +330,9 @@ class CpuBudget(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         now = time.process_time()
         done = now >= self.cpu_seconds
+        if done:
+            self.checked_before_stop = self._last_check
+        self._last_check = now
         passed = [t for t in self.pending if now >= t]
         self.pending = self.pending[len(passed):]
         if not (done or passed):
@@ -359,8 +366,8 @@ def train(train_pairs, dev_pairs, cpu_seconds, directory, *, fractions=(0.25, 0.
         log: a function taking a progress message.
 
     Returns:
-        `(translator, points)`: a `Translator` over the trained model and its
-        tokenizers, and `CpuBudget.points`.
+        `(translator, budget)`: a `Translator` over the trained model and its
+        tokenizers, and the `CpuBudget` (its `points` and `checked_before_stop`).
     """
     log = log or (lambda message: None)
     os.makedirs(directory, exist_ok=True)
@@ -390,4 +397,4 @@ def train(train_pairs, dev_pairs, cpu_seconds, directory, *, fractions=(0.25, 0.
     # shuffle=False: the dataset comes shuffled (fit ignores shuffle for one, with a warning).
     model.transformer.fit(train_ds, epochs=1_000_000, callbacks=[budget], shuffle=False,
                           verbose=0)
-    return Translator(model, source_tokenizer, target_tokenizer), budget.points
+    return Translator(model, source_tokenizer, target_tokenizer), budget

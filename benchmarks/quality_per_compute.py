@@ -150,7 +150,7 @@ def run_keras_hub(args, directory):
 
     train_pairs = load_pairs(args, "train")
     dev_pairs = load_pairs(args, "dev")
-    translator, points = keras_hub_nmt.train(
+    translator, budget = keras_hub_nmt.train(
         train_pairs, dev_pairs, args.cpu_seconds, directory, fractions=KERAS_HUB_FRACTIONS,
         seed=args.seed, log=lambda message: log(f"keras_hub: {message}"))
     trained_cpu_seconds = time.process_time()
@@ -160,6 +160,7 @@ def run_keras_hub(args, directory):
     sources = [source for source, _ in test_pairs]
     references = [target for _, target in test_pairs]
     lowered = [source for source, _ in keras_hub_nmt.lowercase(test_pairs)]
+    points = budget.points
     curve = []
     for point in points:
         translator.model.transformer.load_weights(point["weights"])
@@ -181,7 +182,9 @@ def run_keras_hub(args, directory):
                                     "target": translator.target_tokenizer.vocabulary_size()},
               "parameters": translator.model.transformer.count_params(),
               "seed": args.seed}
-    final = {**scores, "steps": curve[-1]["steps"], "cpu_seconds": curve[-1]["cpu_seconds"]}
+    final = {**scores, "steps": curve[-1]["steps"], "cpu_seconds": curve[-1]["cpu_seconds"],
+             "budget_checks": {"before_stop": budget.checked_before_stop,
+                               "at_stop": points[-1]["cpu_seconds"]}}
     return {
         **summary(final, curve, sources, hypotheses, references, directory),
         "config": config,
@@ -267,8 +270,13 @@ def run_ours(args, directory):
     translator = serving.Translator(model, tokenizer)  # beam 4, alpha 0.6 (Sec. 6.1)
     averaged = evaluation.evaluate(translator, test_pairs, limit=args.test_pairs)
     hypotheses = averaged["hypotheses"]
+    # The budget is checked at each checkpoint (budget.TrainingClock), whose
+    # log.csv row records the CPU time it read.
+    checked = sorted(cpu_by_step.items())
     final = {**score(hypotheses, references), "steps": steps,
-             "cpu_seconds": round(cpu_seconds, 2)}
+             "cpu_seconds": round(cpu_seconds, 2),
+             "budget_checks": {"before_stop": checked[-2][1] if len(checked) > 1 else None,
+                               "at_stop": checked[-1][1]}}
     log(f"ours: averaged weights: sacreBLEU {final['bleu']:.2f}")
     # Checkpoints alone; the translator reads the model's variables.
     training.compile_for_training(model)
