@@ -33,3 +33,18 @@ def test_mutant_applies_to_one_line_and_names_existing_tests(mutant, tmp_path):
 def test_names_are_unique():
     names = [m["name"] for m in mutation_check.MUTANTS]
     assert len(names) == len(set(names)) >= 10
+
+
+@pytest.mark.slow
+def test_every_mutant_is_caught():
+    """The check itself: each mutant applied to a copy makes its tests fail
+    (about 4 minutes on 2 cores, each test run stopping at its first failure)."""
+    import json
+    import subprocess
+
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "mutation_check.py")],
+                            capture_output=True, text=True, timeout=3000)
+    report = json.loads(result.stdout)
+    assert (report["missed"], report["stale"]) == ([], []), result.stderr[-3000:]
+    assert report["caught"] == report["total"] == len(mutation_check.MUTANTS)
+    assert result.returncode == 0
