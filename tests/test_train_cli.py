@@ -559,3 +559,13 @@ def test_a_second_run_loads_what_xla_compiled(tmp_path):
         loads.append(result.stderr.count("Loading cached entry"))
     assert loads[0] == 0 and loads[1] >= 2, loads  # the training step and the dev step
     assert len(list(cache.glob("xla_compile_cache_*.pb"))) >= 2
+
+
+def test_pairs_left_out_for_their_length_are_counted_before_training(tokenizer, capsys):
+    long = " ".join(["in the beginning"] * 40)
+    sentences = ["Jesus wept.", long, "Jesus wept.", "Jesus wept."] * 4
+    pairs = tf.data.Dataset.from_tensor_slices({"source": sentences, "target": sentences})
+    config = kt.TrainingConfig(tokens_per_batch=32, max_sentence_tokens=32)
+    train.make_batches(config, tokenizer, pairs, pairs, tf.distribute.get_strategy())
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "Left out 4 training pairs longer than 32 tokens (--max-sentence-tokens).", out
