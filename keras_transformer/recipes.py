@@ -4,7 +4,8 @@ A short budget on a slow CPU buys few updates, and a recipe tuned on a fast CPU
 then learns nothing useful in them (docs/cpu-recipes.md has such runs). Before
 the vocabulary is built, `keras-transformer train --time-budget N` times a matrix
 multiply in the run's precision (`matmul_flops_per_second`), estimates the
-updates each recipe of `RECIPES` would get (`training_flops`), and takes the
+updates each recipe of `RECIPES` would get (`training_flops`, at the share of
+that speed a step reaches on this CPU, `step_efficiency`), and takes the
 first recipe that gets the updates it needs (`choose`): the bigger vocabulary
 and batches where the machine affords them, smaller ones (cheaper output layer,
 more and smaller updates) where it does not. `benchmarks/recipe_curves.py`
@@ -27,6 +28,11 @@ STEP_SHARE = 0.75
 # the model's multiplies are smaller than the probe's, and a step also runs
 # softmaxes, layer norms and Adam.
 STEP_EFFICIENCY = 0.7
+# Where AMX multiplies bfloat16 matrices, the probe's product runs several times
+# faster than a step's smaller products, softmaxes, layer norms and Adam, so a
+# step reaches a far smaller share of it (the quickstart's planned and run
+# updates on an Intel Xeon with AMX, in docs/cpu-recipes.md).
+AMX_BFLOAT16_STEP_EFFICIENCY = 0.2
 # Mean padded sentence length of a batch, in tokens, for `training_flops`.
 MEAN_LENGTH = 32
 
@@ -92,22 +98,32 @@ def matmul_flops_per_second(compute_dtype="float32", seconds=0.3):
     return 2 * 1024 * 256 * 4096 / best
 
 
-def estimated_updates(model_config, recipe, budget_seconds, flops_per_second):
+def step_efficiency(compute_dtype, cpu_flags):
+    """The share of `matmul_flops_per_second` that a training step reaches in
+    `compute_dtype` on a CPU of `cpu_flags` (`hardware.cpu_flags()`)."""
+    if compute_dtype == "bfloat16" and cpu_flags.get("amx_bf16"):
+        return AMX_BFLOAT16_STEP_EFFICIENCY
+    return STEP_EFFICIENCY
+
+
+def estimated_updates(model_config, recipe, budget_seconds, flops_per_second,
+                      efficiency=STEP_EFFICIENCY):
     """The updates `recipe` would get in `budget_seconds` on a CPU that multiplies
-    matrices at `flops_per_second`."""
+    matrices at `flops_per_second`, its steps at `efficiency` of that speed."""
     step_seconds = (training_flops(model_config, recipe.vocab_size, recipe.tokens_per_batch)
-                    / (flops_per_second * STEP_EFFICIENCY))
+                    / (flops_per_second * efficiency))
     return int(budget_seconds * STEP_SHARE / step_seconds)
 
 
-def choose(model_config, budget_seconds, flops_per_second, recipes=RECIPES):
+def choose(model_config, budget_seconds, flops_per_second, recipes=RECIPES,
+           efficiency=STEP_EFFICIENCY):
     """`(recipe, estimates)`: the first of `recipes` whose estimated updates reach
     its `min_updates` (the last one otherwise), and `[(recipe, updates)]` for the
-    recipes tried, the chosen one last."""
+    recipes tried, the chosen one last. `efficiency`: see `estimated_updates`."""
     estimates = []
     for recipe in recipes:
         estimates.append((recipe, estimated_updates(model_config, recipe, budget_seconds,
-                                                    flops_per_second)))
+                                                    flops_per_second, efficiency)))
         if estimates[-1][1] >= recipe.min_updates:
             break
     return estimates[-1][0], estimates

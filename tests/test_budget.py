@@ -43,6 +43,30 @@ def test_the_budget_takes_the_first_recipe_that_gets_the_updates_it_needs():
     assert estimates[1][1] > 2 * estimates[0][1]
 
 
+def test_amx_bfloat16_steps_reach_a_smaller_share_of_the_probe():
+    """With AMX, a bfloat16 step reaches AMX_BFLOAT16_STEP_EFFICIENCY of the probe's
+    speed, elsewhere STEP_EFFICIENCY; the estimate scales with it, so a speed that
+    affords the big recipe at one share need not at the smaller."""
+    amx = {"amx_bf16": True, "avx512_bf16": True}
+    assert recipes.step_efficiency("bfloat16", amx) == recipes.AMX_BFLOAT16_STEP_EFFICIENCY
+    assert recipes.step_efficiency("float32", amx) == recipes.STEP_EFFICIENCY
+    assert recipes.step_efficiency("bfloat16", {"avx512_bf16": True}) == recipes.STEP_EFFICIENCY
+    config = TransformerConfig.preset("cpu-small", vocab_size=8000)
+    big, small = recipes.RECIPES
+    flops = 1e12
+    default = recipes.estimated_updates(config, big, 420, flops)
+    on_amx = recipes.estimated_updates(config, big, 420, flops,
+                                       recipes.AMX_BFLOAT16_STEP_EFFICIENCY)
+    step_seconds = recipes.training_flops(config, big.vocab_size, big.tokens_per_batch) / flops
+    assert on_amx == int(420 * recipes.STEP_SHARE * recipes.AMX_BFLOAT16_STEP_EFFICIENCY
+                         / step_seconds)
+    assert on_amx < default
+    just_enough = flops * big.min_updates / default * 1.01  # the big recipe, by a hair
+    assert recipes.choose(config, 420, just_enough)[0] == big
+    assert recipes.choose(config, 420, just_enough,
+                          efficiency=recipes.AMX_BFLOAT16_STEP_EFFICIENCY)[0] == small
+
+
 def test_the_time_account_sets_the_dev_passes_apart(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(budget.time, "monotonic", lambda: now[0])
