@@ -67,6 +67,32 @@ def test_amx_bfloat16_steps_reach_a_smaller_share_of_the_probe():
                           efficiency=recipes.AMX_BFLOAT16_STEP_EFFICIENCY)[0] == small
 
 
+@pytest.mark.parametrize("flags, efficiency", [
+    ({"amx_bf16": True, "avx512_bf16": True}, recipes.AMX_BFLOAT16_STEP_EFFICIENCY),
+    ({"avx512_bf16": True}, recipes.STEP_EFFICIENCY),
+])
+def test_train_chooses_the_recipe_at_this_cpus_step_efficiency(monkeypatch, flags, efficiency):
+    """`keras-transformer train`'s choice in bfloat16 uses the step's share of the
+    probe's speed for the CPU it runs on: the same measured speed buys the big
+    recipe on an AVX512-BF16 CPU and the small one with AMX, and the line states
+    the updates of that share."""
+    from keras_transformer.cli import train
+    from keras_transformer.config import TrainingConfig
+
+    model_config = TransformerConfig.preset("cpu-small", vocab_size=8000)
+    big, small = recipes.RECIPES
+    # The big recipe's updates at STEP_EFFICIENCY, by a hair.
+    flops = 1e12 * big.min_updates / recipes.estimated_updates(model_config, big, 480, 1e12) * 1.01
+    monkeypatch.setattr(recipes, "matmul_flops_per_second", lambda dtype: flops)
+    config = TrainingConfig(time_budget=8, precision="mixed_bfloat16")
+    config, _, line = train.choose_recipe(config, model_config, recipes, flags)
+    expected = big if efficiency == recipes.STEP_EFFICIENCY else small
+    assert (config.vocab_size, config.tokens_per_batch) == (expected.vocab_size,
+                                                           expected.tokens_per_batch)
+    updates = recipes.estimated_updates(model_config, expected, 480, flops, efficiency)
+    assert f"{expected.describe()}, about {updates} updates" in line, line
+
+
 def test_the_time_account_sets_the_dev_passes_apart(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(budget.time, "monotonic", lambda: now[0])
