@@ -43,7 +43,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from machine import VERBOSE_HELP  # noqa: E402 (imports no TensorFlow)
 from machine import set_decoding_environment  # noqa: E402
 
-DECODING_ENVIRONMENT = set_decoding_environment()
+
+
+def _parallel_searches(argv):
+    """--parallel-searches, read before TensorFlow starts (it sets the threads)."""
+    from keras_transformer.hardware import available_cores
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--parallel-searches", type=int, default=available_cores())
+    return max(1, parser.parse_known_args(argv)[0].parallel_searches)
+
+
+PARALLEL_SEARCHES = _parallel_searches(sys.argv[1:])
+DECODING_ENVIRONMENT = set_decoding_environment(PARALLEL_SEARCHES)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -79,6 +91,11 @@ def parse_args(argv):
                         help="comma-separated export precisions: float32, bfloat16, float16 "
                              "(export --precision); each but float32 adds variants named "
                              "VARIANT-PRECISION, e.g. graph-bfloat16")
+    parser.add_argument("--parallel-searches", type=int, default=PARALLEL_SEARCHES,
+                        help="the graph exports' searches side by side "
+                             "(export --parallel-searches; default: one per core); with more "
+                             "than 1 the process runs one intra-op thread, as the decoding "
+                             "commands do for such an export, every variant included")
     parser.add_argument("--no-profile", action="store_true", help="skip the step profile")
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     parser.add_argument("--compare-ctranslate2", action="store_true",
@@ -116,6 +133,7 @@ def translator_for(model, args, variant):
         jit_compile=variant == "xla",
         use_cache=variant != "uncached",
         ignore_eos=forced,
+        parallel_searches=None if variant == "xla" else args.parallel_searches,
     )
 
 
@@ -145,27 +163,42 @@ def timed(call, repeats, batch_size, tokens_and_length):
 
 def time_ctranslate2(model, args, source_ids, directory, quantization):
     """CTranslate2 on the same weights: sources as pieces of a made-up vocabulary
-    (ids are all it sees), exactly `forced_steps` steps (min = max decoding length)."""
+    (ids are all it sees), exactly `forced_steps` steps (min = max decoding length).
+    Timed in both of its thread layouts on this process's cores, as ours runs in
+    either: one translation over all cores (inter_threads 1), and one per core
+    (intra_threads 1) over shares of the batch; the faster is the result, both
+    are in "layouts"."""
     import ctranslate2
 
     from keras_transformer import ctranslate2_model
+    from keras_transformer.hardware import available_cores
 
     pieces = ["<pad>", "<unk>", "<s>", "</s>"] + [
         f"t{i}" for i in range(4, model.config.vocab_size)]
     path = os.path.join(directory, f"ct2-{quantization}")
     ctranslate2_model.write_model(model, pieces, path, quantization)
-    translator = ctranslate2.Translator(path, device="cpu", inter_threads=1,
-                                        intra_threads=os.cpu_count())
     sources = [[pieces[i] for i in row] for row in source_ids.numpy().tolist()]
     steps = args.forced_steps or args.source_length + 50
-    options = dict(beam_size=args.beam_size, max_decoding_length=steps,
-                   min_decoding_length=steps if args.forced_steps else 0,
-                   max_batch_size=args.batch_size)
-    report = timed(lambda: translator.translate_batch(sources, **options), args.repeats,
-                   args.batch_size, lambda results: (
-                       sum(len(result.hypotheses[0]) for result in results),
-                       max(len(result.hypotheses[0]) for result in results)))
-    return {**report, "ctranslate2": ctranslate2.__version__}
+    cores = available_cores()
+    layouts = {"inter_threads 1": (1, cores, args.batch_size)}
+    if cores > 1:
+        layouts["intra_threads 1"] = (cores, 1, -(-args.batch_size // cores))
+    reports = {}
+    for name, (inter, intra, batch) in layouts.items():
+        translator = ctranslate2.Translator(path, device="cpu", inter_threads=inter,
+                                            intra_threads=intra)
+        options = dict(beam_size=args.beam_size, max_decoding_length=steps,
+                       min_decoding_length=steps if args.forced_steps else 0,
+                       max_batch_size=batch)
+        reports[name] = timed(lambda: translator.translate_batch(sources, **options),
+                              args.repeats, args.batch_size, lambda results: (
+                                  sum(len(result.hypotheses[0]) for result in results),
+                                  max(len(result.hypotheses[0]) for result in results)))
+        del translator
+    fastest = min(reports, key=lambda name: reports[name]["seconds_per_batch"])
+    return {**reports[fastest], "layout": fastest,
+            "layouts": {name: report["seconds_per_batch"] for name, report in reports.items()},
+            "ctranslate2": ctranslate2.__version__}
 
 
 def decode_flops(config, batch_size, source_length, beam_size, steps):
@@ -313,7 +346,8 @@ def main(argv=None):
         path, _, dtype = variant.partition("-")
         key = f"{'xla' if path == 'xla' else 'graph'}-{dtype or 'float32'}"
         if key not in peaks:
-            peaks[key] = matmul_peak(dtype or "float32", jit_compile=path == "xla")
+            peaks[key] = matmul_peak(dtype or "float32", jit_compile=path == "xla",
+                                     side_by_side=PARALLEL_SEARCHES)
     model = build_model(args)
     rng = np.random.default_rng(0)
     source_ids = tf.constant(

@@ -30,17 +30,19 @@ def quiet_libraries():
         common.quiet_libraries()
 
 
-def set_decoding_environment():
+def set_decoding_environment(parallel_searches=1):
     """Sets, unless the environment does, before TensorFlow starts, what the decoding
     commands set (`keras_transformer.cli.common.start_decoding`: oneDNN's kernels on
-    every x86 CPU, weights reordered once) and quiets the libraries
-    (`quiet_libraries`); returns those settings, for the report."""
+    every x86 CPU, weights reordered once, and for `parallel_searches` > 1 one
+    intra-op thread) and quiets the libraries (`quiet_libraries`); returns those
+    settings, for the report."""
     from keras_transformer.cli import common
 
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     quiet_libraries()
-    common.start_decoding(verbose=True)  # quiet_libraries has done the rest
-    return {name.lower(): os.environ[name] for name in common.DECODING_ENVIRONMENT}
+    common.start_decoding(verbose=True, parallel_searches=parallel_searches)
+    return {name.lower(): os.environ[name]
+            for name in common.decoding_environment(parallel_searches)}
 
 
 def best_seconds(run, repeats):
@@ -55,17 +57,19 @@ def best_seconds(run, repeats):
     return best
 
 
-def matmul_peak(dtype, jit_compile=True, size=2048, repeats=10):
+def matmul_peak(dtype, jit_compile=True, size=2048, repeats=10, side_by_side=1):
     """FLOP/s of a square matrix multiply, with XLA or TensorFlow's own kernels
-    (oneDNN on a CPU), the best of a few runs. Each run copies the product to the
-    host: free on a CPU, but on a GPU that copy is most of the time (an H100 read
-    3.6 to 7.4 TFLOP/s); there, `gpu_matmul_peak`."""
+    (oneDNN on a CPU), the best of a few runs; `side_by_side` independent ones at
+    once, for a process whose ops run on one thread each (TF_NUM_INTRAOP_THREADS=1).
+    Each run copies the products to the host: free on a CPU, but on a GPU that copy
+    is most of the time (an H100 read 3.6 to 7.4 TFLOP/s); there, `gpu_matmul_peak`."""
     import tensorflow as tf
 
-    a = tf.random.normal((size, size), dtype=tf.float32)
-    a = tf.cast(a, dtype)
-    multiply = tf.function(lambda x: tf.matmul(x, x), jit_compile=jit_compile)
-    return 2 * size**3 / best_seconds(lambda: multiply(a).numpy(), repeats)
+    matrices = [tf.cast(tf.random.normal((size, size), dtype=tf.float32), dtype)
+                for _ in range(side_by_side)]
+    multiply = tf.function(lambda xs: [tf.matmul(x, x) for x in xs], jit_compile=jit_compile)
+    seconds = best_seconds(lambda: [p.numpy() for p in multiply(matrices)], repeats)
+    return side_by_side * 2 * size**3 / seconds
 
 
 # === Accelerators: what the device is, and the peak its MFU is measured against ===

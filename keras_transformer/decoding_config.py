@@ -99,6 +99,13 @@ class DecodingConfig:
             the decoder's kernels (`Transformer.step_function`); None: where
             that pays on the CPU that traces them
             (`hardware.decoding_transposed_kernels`).
+        parallel_searches: the most beam searches a request's sentences are
+            split into without XLA, in consecutive shares, run side by side
+            (`serving_search.side_by_side`); None: one per core of the CPU that
+            exports, 1 with XLA or where a GPU is visible
+            (`hardware.decoding_parallel_searches`). Each runs on one core where
+            TensorFlow's intra-op threads are 1, which translate and evaluate set
+            for such an export (TF Serving: --tensorflow_intra_op_parallelism=1).
     """
 
     beam_size: int = 4
@@ -117,6 +124,7 @@ class DecodingConfig:
     use_cache: bool = True
     ignore_eos: bool = False
     transposed_kernels: bool | None = None
+    parallel_searches: int | None = None
 
     def __post_init__(self):
         if isinstance(self.jit_compile, bool):  # Translator(jit_compile=True), old exports
@@ -135,7 +143,8 @@ class DecodingConfig:
         _require("extra_length", self.extra_length,
                  isinstance(self.extra_length, int) and not isinstance(self.extra_length, bool)
                  and self.extra_length >= 0, "must be an int >= 0")
-        for name in ("max_input_length", "max_output_length", "xla_max_batch_size"):
+        for name in ("max_input_length", "max_output_length", "xla_max_batch_size",
+                     "parallel_searches"):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name), "DecodingConfig")
         for name in ("max_batch_size", "max_input_chars"):
@@ -163,7 +172,7 @@ class DecodingConfig:
     def resolved(self):
         """`(config, notes)`: this config with its "auto" and None settings that
         depend on the machine chosen for it (jit_compile, precision,
-        transposed_kernels; see `keras_transformer.hardware`), and a line for
+        transposed_kernels, parallel_searches; see `keras_transformer.hardware`), and a line for
         people on each "auto" choice. Imports TensorFlow to look for a GPU."""
         from keras_transformer import hardware
 
@@ -179,8 +188,12 @@ class DecodingConfig:
         transposed_kernels = self.transposed_kernels
         if transposed_kernels is None:
             transposed_kernels = hardware.decoding_transposed_kernels()
+        parallel_searches = self.parallel_searches
+        if parallel_searches is None:
+            parallel_searches = hardware.decoding_parallel_searches(jit_compile == "on")
         config = dataclasses.replace(self, jit_compile=jit_compile, precision=precision,
-                                     transposed_kernels=bool(transposed_kernels))
+                                     transposed_kernels=bool(transposed_kernels),
+                                     parallel_searches=parallel_searches)
         return config, notes
 
     def to_dict(self):

@@ -6,10 +6,9 @@ runs; this module joins the two (`keras_transformer.runs.Run.load` gives the
 model and vocabulary of a run).
 """
 
-import os
-
 import tensorflow as tf
 
+from keras_transformer import export_files
 from keras_transformer import runs
 from keras_transformer import serving
 
@@ -30,19 +29,7 @@ def translator_from_run(run_dir, weights="averaged", config=None, **settings):
 
 def load_export(path):
     """Loads an export: a version directory, or a base directory's newest version."""
-    path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"export directory {path} does not exist")
-    if not os.path.exists(os.path.join(path, "saved_model.pb")):
-        versions = [name for name in os.listdir(path)
-                    if name.isdigit() and os.path.exists(os.path.join(path, name, "saved_model.pb"))]
-        if not versions:
-            raise FileNotFoundError(
-                f"{path} holds no SavedModel (no saved_model.pb, nor a numbered "
-                "version directory with one); pass a directory written by export.py"
-            )
-        path = os.path.join(path, max(versions, key=int))
-    return tf.saved_model.load(path)
+    return tf.saved_model.load(export_files.version_directory(path))
 
 
 def load_translator(export=None, run=None, weights="averaged", config=None, **settings):

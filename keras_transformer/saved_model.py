@@ -19,13 +19,13 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import serving_shapes
+from keras_transformer.export_files import CONFIG_FILENAME
+from keras_transformer.export_files import WARMUP_FILENAME
 from keras_transformer.durable import write_atomically
 from keras_transformer.decoding_config import positive_int
 
 SIGNATURES = ("serving_default", "score", "translate", "translate_aligned", "translate_ids",
               "translate_nbest")
-CONFIG_FILENAME = "config.json"
-WARMUP_FILENAME = "tf_serving_warmup_requests"
 MODELS_CONFIG_FILENAME = "models.config"
 BATCHING_FILENAME = "batching_parameters.txt"
 WARMUP_TEXTS = (

@@ -6,7 +6,9 @@ Beam size at run time: one of the sizes traced (`DecodingConfig.beam_sizes`;
 `tf.switch_case` picks one); another gets an `InvalidArgument`. With XLA (and
 `xla_max_batch_size`), requests of at most that many sentences run the XLA
 search and larger ones the graph's; without XLA, finished sources leave the
-batch as they finish (`Transformer.select_examples`).
+batch as they finish (`Transformer.select_examples`), and a request's sources
+are split into up to `DecodingConfig.parallel_searches` searches that run side by
+side (`side_by_side`).
 """
 
 import tensorflow as tf
@@ -75,12 +77,19 @@ class BeamSearches:
             [f"beam_size must be one of {list(self.config.beam_sizes)} (the sizes traced at "
              "export); received", beam_size],
         )
-        args = (source_ids, output_limits, longest_output, alpha)
         with tf.control_dependencies([check]):
-            if len(searches) == 1:
-                return searches[0](*args)
             index = tf.argmax(tf.cast(tf.equal(beam_size, sizes), tf.int32), output_type=tf.int32)
-        return tf.switch_case(index, [lambda search=search: search(*args) for search in searches])
+
+        def search(source_ids, output_limits):
+            args = (source_ids, output_limits, longest_output, alpha)
+            if len(searches) == 1:
+                with tf.control_dependencies([check]):
+                    return searches[0](*args)
+            return tf.switch_case(index, [lambda search=search: search(*args)
+                                          for search in searches])
+
+        most = 1 if xla else self.config.parallel_searches
+        return side_by_side(search, source_ids, output_limits, most)
 
     def _traced(self, beam_size, jit_compile, output_kernel):
         """The beam search for one K, a tf.function over padded source ids."""
@@ -120,3 +129,36 @@ class BeamSearches:
                 tf.TensorSpec([], tf.float32),  # alpha
             ],
         )
+
+
+def search_counts(most):
+    """How many searches `side_by_side` may split a request into: the powers of
+    two below `most`, and `most`."""
+    return sorted({most} | {2 ** i for i in range(most.bit_length()) if 2 ** i < most})
+
+
+def side_by_side(search, source_ids, output_limits, most):
+    """`search(source_ids (B, S), output_limits (B,))`, which returns ids
+    `(B, K, T)` and scores `(B, K)`, run as n searches over consecutive shares
+    of the B sources (sizes differing by at most one), which TensorFlow runs side
+    by side: n the largest of `search_counts(most)` that is at most B. The
+    sources of a beam search are independent, so the result is the single
+    search's, its ids padded to the longest share's T."""
+    counts = search_counts(most)
+    if counts == [1]:
+        return search(source_ids, output_limits)
+    batch_size = tf.shape(source_ids)[0]
+    index = tf.reduce_sum(tf.cast(tf.constant(counts) <= batch_size, tf.int32)) - 1
+
+    def split(n):
+        if n == 1:
+            return search(source_ids, output_limits)
+        sizes = batch_size // n + tf.cast(tf.range(n) < batch_size % n, tf.int32)
+        shares = [search(ids, limits) for ids, limits in zip(
+            tf.split(source_ids, sizes, num=n), tf.split(output_limits, sizes, num=n))]
+        length = tf.reduce_max(tf.stack([tf.shape(ids)[2] for ids, _ in shares]))
+        ids = [tf.pad(ids, [[0, 0], [0, 0], [0, length - tf.shape(ids)[2]]],
+                      constant_values=PAD_ID) for ids, _ in shares]
+        return tf.concat(ids, 0), tf.concat([scores for _, scores in shares], 0)
+
+    return tf.switch_case(index, [lambda n=n: split(n) for n in counts])

@@ -422,3 +422,36 @@ def test_decoding_commands_set_onednn_defaults_the_environment_overrides(monkeyp
     monkeypatch.delenv("TF_ONEDNN_ASSUME_FROZEN_WEIGHTS")
     common.start_decoding(verbose=False)
     assert os.environ["TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"] == "1"
+
+
+def test_searches_side_by_side_get_a_thread_each(monkeypatch, tmp_path):
+    """An export that runs searches side by side (its recorded settings, read
+    before TensorFlow starts) gets one intra-op thread and an inter-op thread per
+    search and per core; one that does not, or an old one, TensorFlow's defaults."""
+    from keras_transformer import hardware
+    from keras_transformer.cli import common
+
+    for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(common, "quiet_libraries", lambda: None)
+    export = tmp_path / "export"
+    for version, settings in ((1, {"parallel_searches": 1}), (3, {"parallel_searches": 6})):
+        (export / str(version) / "assets.extra").mkdir(parents=True)
+        (export / str(version) / "saved_model.pb").write_bytes(b"")
+        (export / str(version) / "assets.extra" / "config.json").write_text(
+            json.dumps({"translator": settings}))
+    assert common.parallel_searches(export=str(export)) == 6  # the newest version's
+    assert common.parallel_searches(export=str(export / "1")) == 1
+    (export / "1" / "assets.extra" / "config.json").write_text(json.dumps({"translator": {}}))
+    assert common.parallel_searches(export=str(export / "1")) == 1  # an export from before
+    assert common.parallel_searches(export=str(tmp_path)) == 1  # no export: loading says so
+    assert common.parallel_searches(run=str(tmp_path)) == hardware.available_cores()
+
+    common.start_decoding(verbose=False, parallel_searches=1)
+    assert "TF_NUM_INTRAOP_THREADS" not in os.environ
+    common.start_decoding(verbose=False, parallel_searches=6)
+    assert os.environ["TF_NUM_INTRAOP_THREADS"] == "1"
+    assert os.environ["TF_NUM_INTEROP_THREADS"] == str(max(6, hardware.available_cores()))
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "2")  # the environment wins
+    common.start_decoding(verbose=False, parallel_searches=6)
+    assert os.environ["TF_NUM_INTRAOP_THREADS"] == "2"

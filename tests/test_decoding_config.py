@@ -42,6 +42,7 @@ def test_the_defaults_are_the_papers_decoding():
     (dict(xla_max_batch_size=4), "xla_max_batch_size needs jit_compile on (or auto)"),
     (dict(jit_compile="on", xla_max_batch_size=300), "at most max_batch_size=256 sentences"),
     (dict(jit_compile="on", use_cache=False), "XLA cannot compile; use jit_compile off"),
+    (dict(parallel_searches=0), "parallel_searches must be a positive int"),
 ])
 def test_a_bad_setting_is_named_with_what_was_received(settings, message):
     with pytest.raises(ValueError, match="^DecodingConfig: ") as error:
@@ -93,6 +94,9 @@ def test_resolved_chooses_for_this_machine():
     assert notes == [f"--precision {config.precision} (auto: "
                      f"{hardware.decoding_precision('auto', False)[1]})"]
     assert DecodingConfig(transposed_kernels=True).resolved()[0].transposed_kernels is True
+    assert config.parallel_searches == hardware.decoding_parallel_searches(False)
+    assert DecodingConfig(jit_compile="on").resolved()[0].parallel_searches == 1
+    assert DecodingConfig(parallel_searches=3).resolved()[0].parallel_searches == 3
 
 
 def test_flags_come_from_the_fields():

@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import os
+
 import pytest
 import tensorflow as tf
 
@@ -83,3 +85,14 @@ def test_transposed_kernels_for_decoding_only_without_avx512(flags, expected):
     assert hardware.decoding_transposed_kernels(flags) is expected
     here = hardware.cpu_flags()
     assert hardware.decoding_transposed_kernels() is (here["avx2"] and not here["avx512f"])
+
+
+def test_parallel_searches_one_per_core_without_xla_on_a_cpu():
+    import tensorflow as tf
+
+    assert hardware.decoding_parallel_searches(True, cores=4) == 1  # XLA: its padded shapes
+    on_cpu = not tf.config.list_physical_devices("GPU")
+    assert hardware.decoding_parallel_searches(False, cores=4) == (4 if on_cpu else 1)
+    assert hardware.decoding_parallel_searches(False) == (
+        hardware.available_cores() if on_cpu else 1)
+    assert hardware.available_cores() == len(os.sched_getaffinity(0))

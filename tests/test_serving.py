@@ -128,6 +128,32 @@ def test_kernel_layouts_translate_alike(model, tokenizer):
     assert default is hardware.decoding_transposed_kernels()
 
 
+@pytest.mark.parametrize("sentences", [1, 2, 5])
+def test_searches_side_by_side_translate_as_one(model, tokenizer, sentences):
+    """A request split into up to 3 searches (shares of 1; 1 and 1; 2, 2 and 1
+    sentences) translates as one search does, its ids padded to the longest."""
+    options = dict(extra_length=EXTRA_LENGTH, max_input_length=MAX_INPUT_LENGTH, beam_sizes=(4,))
+    texts = (SENTENCES * 5)[:sentences]
+    # Lengths that differ, so the shares' outputs end at different steps.
+    texts = [" ".join([text] * (1 + i % 3)) for i, text in enumerate(texts)]
+    source = tokenizer.tokenize(tf.constant(texts)).to_tensor()
+    one = serving.Translator(model, None, parallel_searches=1, **options).translate_ids(source)
+    split = serving.Translator(model, None, parallel_searches=3, **options)
+    assert split.settings()["parallel_searches"] == 3
+    outputs = split.translate_ids(source)
+    np.testing.assert_array_equal(outputs["ids"], one["ids"])
+    np.testing.assert_allclose(outputs["score"], one["score"], atol=1e-5)
+
+
+def test_search_counts():
+    from keras_transformer.serving_search import search_counts
+
+    assert search_counts(1) == [1]
+    assert search_counts(2) == [1, 2]
+    assert search_counts(6) == [1, 2, 4, 6]
+    assert search_counts(8) == [1, 2, 4, 8]
+
+
 # The signatures -----------------------------------------------------------------
 
 

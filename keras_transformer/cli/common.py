@@ -25,11 +25,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 
-def start_decoding(verbose):
+def start_decoding(verbose, parallel_searches=1):
     """What the decoding commands (translate, evaluate, export) do once their
     flags are checked, before TensorFlow starts: keep the libraries' log lines
-    off stderr (unless `verbose`), turn TensorFlow's oneDNN kernels on, and let
-    them keep the weights in their own layouts.
+    off stderr (unless `verbose`), turn TensorFlow's oneDNN kernels on, let
+    them keep the weights in their own layouts, and for a translator that runs
+    `parallel_searches` > 1 searches side by side give each its own core.
 
     TensorFlow turns oneDNN on by itself only on CPUs with AVX-512 VNNI or BF16
     or with AMX. Elsewhere (AVX2) its own matrix multiply runs beam search's
@@ -43,12 +44,47 @@ def start_decoding(verbose):
     faster, the small models' about even (`benchmarks/decode_throughput.py`,
     alternating processes).
 
-    Either variable set in the environment wins (e.g. TF_ENABLE_ONEDNN_OPTS=0).
+    Searches side by side (`DecodingConfig.parallel_searches`) each run on one
+    thread: one intra-op thread (TF_NUM_INTRAOP_THREADS=1), so that no op hands
+    work to a pool that the other searches keep busy, and an inter-op thread
+    for each search (TF_NUM_INTEROP_THREADS, at least one per core).
+
+    Any of these variables set in the environment wins (e.g.
+    TF_ENABLE_ONEDNN_OPTS=0).
     """
     if not verbose:
         quiet_libraries()
-    for name, value in DECODING_ENVIRONMENT.items():
+    for name, value in decoding_environment(parallel_searches).items():
         os.environ.setdefault(name, value)
+
+
+def decoding_environment(parallel_searches=1):
+    """The variables `start_decoding` sets (see there), for a translator that
+    runs `parallel_searches` searches side by side."""
+    environment = dict(DECODING_ENVIRONMENT)
+    if parallel_searches > 1:
+        from keras_transformer import hardware
+
+        environment["TF_NUM_INTRAOP_THREADS"] = "1"
+        environment["TF_NUM_INTEROP_THREADS"] = str(
+            max(parallel_searches, hardware.available_cores()))
+    return environment
+
+
+def parallel_searches(export=None, run=None):
+    """How many searches side by side the translator of a decoding command
+    runs, read before TensorFlow starts: the number an export recorded (1 for
+    exports from before the setting), or for a run the default,
+    `hardware.decoding_parallel_searches` on a CPU."""
+    from keras_transformer import export_files
+    from keras_transformer import hardware
+
+    if export is not None:
+        try:
+            return export_files.translator_settings(export).get("parallel_searches") or 1
+        except (OSError, ValueError):  # loading the export reports what is wrong with it
+            return 1
+    return hardware.available_cores()
 
 
 # What `start_decoding` sets, unless the environment does: also for a model

@@ -17,6 +17,7 @@ import sys
 
 from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import add_decoding_flags
+from keras_transformer.cli.common import parallel_searches
 from keras_transformer.cli.common import start_decoding
 from keras_transformer.decoding_config import REQUEST_SETTINGS
 
@@ -63,7 +64,7 @@ def read_lines(path):
 
 def main(argv=None, prog=PROG):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
-    start_decoding(args.verbose)
+    start_decoding(args.verbose, parallel_searches(args.export, args.run))
     from keras_transformer import evaluation
     from keras_transformer import loading
 

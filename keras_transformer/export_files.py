@@ -1,0 +1,43 @@
+"""Where an export keeps what: its version directories and the settings it
+recorded (`saved_model.export_translator` writes them).
+
+Imports no TensorFlow: the decoding commands read an export's settings before
+TensorFlow starts (`cli.common.start_decoding`).
+"""
+
+import json
+import os
+
+# In a version directory's assets.extra/: the model's, translator's and run's
+# settings, and TF Serving's warm-up requests.
+CONFIG_FILENAME = "config.json"
+WARMUP_FILENAME = "tf_serving_warmup_requests"
+
+
+def version_directory(path):
+    """An export's SavedModel directory: `path` itself if it holds one, else its
+    newest numbered version."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"export directory {path} does not exist")
+    if os.path.exists(os.path.join(path, "saved_model.pb")):
+        return path
+    versions = [name for name in os.listdir(path)
+                if name.isdigit() and os.path.exists(os.path.join(path, name, "saved_model.pb"))]
+    if not versions:
+        raise FileNotFoundError(
+            f"{path} holds no SavedModel (no saved_model.pb, nor a numbered "
+            "version directory with one); pass a directory written by export.py"
+        )
+    return os.path.join(path, max(versions, key=int))
+
+
+def translator_settings(path):
+    """The translator settings an export recorded (`DecodingConfig.to_dict`'s
+    keys; exports from before some settings lack them), {} where it recorded
+    none."""
+    config = os.path.join(version_directory(path), "assets.extra", CONFIG_FILENAME)
+    if not os.path.exists(config):
+        return {}
+    with open(config) as f:
+        return json.load(f).get("translator", {})
