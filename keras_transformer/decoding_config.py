@@ -99,13 +99,12 @@ class DecodingConfig:
             the decoder's kernels (`Transformer.step_function`); None: where
             that pays on the CPU that traces them
             (`hardware.decoding_transposed_kernels`).
-        parallel_searches: the most beam searches a request's sentences are
-            split into without XLA, in consecutive shares, run side by side
-            (`serving_search.side_by_side`); None: one per core of the CPU that
-            exports, 1 with XLA or where a GPU is visible
-            (`hardware.decoding_parallel_searches`). Each runs on one core where
-            TensorFlow's intra-op threads are 1, which translate and evaluate set
-            for such an export (TF Serving: --tensorflow_intra_op_parallelism=1).
+        parallel_searches: without XLA, a request's sentences are split into
+            up to this many beam searches (consecutive shares) that run side by
+            side; None: one per core of the CPU that exports, 1 with XLA or
+            where a GPU is visible. Each gets a core where TensorFlow runs one
+            intra-op thread, which translate and evaluate set for such an
+            export (TF Serving: --tensorflow_intra_op_parallelism=1).
     """
 
     beam_size: int = 4

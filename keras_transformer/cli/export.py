@@ -27,7 +27,8 @@ from keras_transformer.decoding_config import REQUEST_SETTINGS
 PROG = "keras-transformer export"
 # The `DecodingConfig` fields an export takes as flags (--beam-size, ...).
 DECODING_FLAGS = (*REQUEST_SETTINGS, "beam_sizes", "max_input_length", "max_batch_size",
-                  "max_input_chars", "jit_compile", "xla_max_batch_size", "precision")
+                  "max_input_chars", "jit_compile", "xla_max_batch_size", "precision",
+                  "parallel_searches")
 # The export chooses XLA for the machine it runs on; the weights stay float32
 # unless --precision says otherwise.
 FLAG_DEFAULTS = {"jit_compile": "auto", "precision": "float32"}
@@ -122,10 +123,13 @@ def main(argv=None, prog=PROG):
         print(f"  XLA: requests padded to {count} shapes (rows {shapes.batch_sizes}, "
               f"source tokens {shapes.source_lengths}), compiled by the warm-up requests "
               f"when the model server loads the version{larger}")
+    searches = translator.config.parallel_searches
+    threads = (f" --tensorflow_intra_op_parallelism=1 (its {searches} searches side by side, "
+               "a core each)" if searches > 1 else "")
     print(f"  saved_model_cli show --dir {path} --all")
     print(f"  TF Serving: --model_config_file={os.path.basename(server_files[0])} "
-          f"--enable_batching --batching_parameters_file={os.path.basename(server_files[1])} "
-          f"(both in {args.out}; see docs/export-and-serving.md)")
+          f"--enable_batching --batching_parameters_file={os.path.basename(server_files[1])}"
+          f"{threads} (both files in {args.out}; see docs/export-and-serving.md)")
     return 0
 
 
