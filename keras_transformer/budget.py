@@ -24,8 +24,8 @@ CALIBRATION_STEPS = 20
 
 
 class TrainingClock(keras.callbacks.Callback):
-    """Times a run on one clock and, with a budget, stops it at the first epoch end
-    past the budget; adds `step`, `cpu_seconds` and `elapsed_seconds` (since
+    """Times a run on one clock and, with a budget, stops it at the epoch end
+    nearest the budget (`over_budget`); adds `step`, `cpu_seconds` and `elapsed_seconds` (since
     `start`, default now) to the epoch logs, and times each step for `plan`.
 
     Args:
@@ -48,12 +48,23 @@ class TrainingClock(keras.callbacks.Callback):
         self.wall_start = time.monotonic() if wall_start is None else wall_start
         self.step_seconds = []
         self._step_start = None
+        self._epoch_start = None
+        self._epoch_seconds = 0.0  # the last epoch's, dev pass included
 
     def elapsed(self):
         return self.read() - self.start
 
     def over_budget(self):
-        return self.budget_seconds is not None and self.elapsed() >= self.budget_seconds
+        """Whether the run stops at this epoch end: the budget is spent, or the
+        next epoch, as long as the last, would end further past it than this
+        one ends before it. A run thus ends at most half an epoch (a checkpoint
+        interval) before or after its budget, not up to a whole one after."""
+        if self.budget_seconds is None:
+            return False
+        return self.elapsed() + self._epoch_seconds / 2 >= self.budget_seconds
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = self.read()
 
     def on_train_batch_begin(self, batch, logs=None):
         self._step_start = self.read()
@@ -62,6 +73,8 @@ class TrainingClock(keras.callbacks.Callback):
         self.step_seconds.append(self.read() - self._step_start)
 
     def on_epoch_end(self, epoch, logs=None):
+        if self._epoch_start is not None:
+            self._epoch_seconds = self.read() - self._epoch_start
         if logs is not None:
             logs["step"] = int(self.model.optimizer.iterations.numpy())
             logs["cpu_seconds"] = round(time.process_time(), 2)

@@ -200,11 +200,18 @@ def decoding_transposed_kernels(flags=None):
     return bool(flags.get("avx2")) and not flags.get("avx512f")
 
 
+# At most this many searches side by side by default: a search traced once
+# for each way of splitting a request (`serving_search.search_counts`) keeps
+# the graph small, and shares of 16ths of a batch are already small.
+MAX_AUTO_PARALLEL_SEARCHES = 16
+
+
 def decoding_parallel_searches(jit_compile, cores=None):
     """How many beam searches an export without XLA splits a request's sentences
     into, run side by side (`DecodingConfig.parallel_searches`): one per core this
-    process may run on (`cores`, by default counted here), and 1 with XLA (its
-    padded shapes) or where a GPU is visible (one large batch keeps it busy).
+    process may run on (`cores`, by default counted here; at most
+    `MAX_AUTO_PARALLEL_SEARCHES`), and 1 with XLA (its padded shapes) or where a
+    GPU is visible (one large batch keeps it busy).
 
     On a CPU, TensorFlow runs a search's small matrix products on one thread each
     (oneDNN's products below its L2-cache heuristic) and hands its larger ones to
@@ -218,7 +225,13 @@ def decoding_parallel_searches(jit_compile, cores=None):
 
     if tf.config.list_physical_devices("GPU"):
         return 1
-    return available_cores() if cores is None else cores
+    return cpu_parallel_searches(cores)
+
+
+def cpu_parallel_searches(cores=None):
+    """`decoding_parallel_searches` on a CPU: one search per core (`cores`, by
+    default those this process may run on), at most `MAX_AUTO_PARALLEL_SEARCHES`."""
+    return min(available_cores() if cores is None else cores, MAX_AUTO_PARALLEL_SEARCHES)
 
 
 def available_cores():

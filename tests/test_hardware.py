@@ -93,6 +93,7 @@ def test_parallel_searches_one_per_core_without_xla_on_a_cpu():
     assert hardware.decoding_parallel_searches(True, cores=4) == 1  # XLA: its padded shapes
     on_cpu = not tf.config.list_physical_devices("GPU")
     assert hardware.decoding_parallel_searches(False, cores=4) == (4 if on_cpu else 1)
+    assert hardware.decoding_parallel_searches(False, cores=96) == (16 if on_cpu else 1)
     assert hardware.decoding_parallel_searches(False) == (
-        hardware.available_cores() if on_cpu else 1)
+        min(hardware.available_cores(), 16) if on_cpu else 1)
     assert hardware.available_cores() == len(os.sched_getaffinity(0))

@@ -98,7 +98,7 @@ def test_budget_plan_from_the_steady_step():
         budget.plan_for_budget(0, [], 10.0, 5, 300, 1.0)
 
 
-def test_training_clock_stops_at_the_epoch_end_past_the_budget():
+def test_training_clock_stops_at_the_epoch_end_nearest_the_budget():
     now = [100.0]
     clock = budget.TrainingClock(budget_seconds=10.0, clock="cpu", start=100.0)
     clock.read = lambda: now[0]
@@ -107,15 +107,26 @@ def test_training_clock_stops_at_the_epoch_end_past_the_budget():
         stop_training = False
         optimizer = type("Optimizer", (), {"iterations": keras.Variable(7)})()
 
+    def epoch(begin, end, logs=None):
+        now[0] = begin
+        clock.on_epoch_begin(0)
+        now[0] = end
+        clock.on_epoch_end(0, logs if logs is not None else {})
+        return clock.model.stop_training
+
     clock.set_model(Model())
-    now[0] = 109.0
     logs = {}
-    clock.on_epoch_end(0, logs)
-    assert not clock.model.stop_training and logs["step"] == 7
+    assert not epoch(100.0, 104.0, logs) and logs["step"] == 7
     assert {"cpu_seconds", "elapsed_seconds"} <= set(logs)
-    now[0] = 110.0
-    clock.on_epoch_end(1, {})
-    assert clock.model.stop_training
+    # 7.5 s: the next end, about 11 s, is nearer the budget than this one.
+    assert not epoch(104.0, 107.5)
+    assert epoch(107.5, 111.0)  # past it
+
+    clock.model.stop_training = False
+    # 8 s, in epochs of 4: the next end, about 12 s, is as far past as this is short.
+    assert not epoch(100.0, 104.0)
+    assert epoch(104.0, 108.0)
+    assert not budget.TrainingClock().over_budget()  # no budget, never
 
 
 def test_an_unreadable_newest_checkpoint_is_skipped(tmp_path, capsys):

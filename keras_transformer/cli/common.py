@@ -74,8 +74,8 @@ def decoding_environment(parallel_searches=1):
 def parallel_searches(export=None, run=None):
     """How many searches side by side the translator of a decoding command
     runs, read before TensorFlow starts: the number an export recorded (1 for
-    exports from before the setting), or for a run the default,
-    `hardware.decoding_parallel_searches` on a CPU."""
+    exports from before the setting), or for a run the default on a CPU
+    (`hardware.cpu_parallel_searches`)."""
     from keras_transformer import export_files
     from keras_transformer import hardware
 
@@ -84,7 +84,7 @@ def parallel_searches(export=None, run=None):
             return export_files.translator_settings(export).get("parallel_searches") or 1
         except (OSError, ValueError):  # loading the export reports what is wrong with it
             return 1
-    return hardware.available_cores()
+    return hardware.cpu_parallel_searches()
 
 
 # What `start_decoding` sets, unless the environment does: also for a model
