@@ -122,6 +122,10 @@ class BeamSearches:
             search,
             jit_compile=jit_compile,
             autograph=False,
+            # Not inlined into its callers: a request split into searches side by side
+            # calls it once for each share, and TensorFlow would otherwise optimize a
+            # copy of its graph for each call site when a signature is first called.
+            experimental_attributes=None if jit_compile else {"_noinline": True},
             input_signature=[
                 tf.TensorSpec([None, None], tf.int32),  # source_ids (B, S)
                 tf.TensorSpec([None], tf.int32),  # output_limits (B,)
