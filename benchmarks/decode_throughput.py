@@ -44,13 +44,13 @@ from machine import VERBOSE_HELP  # noqa: E402 (imports no TensorFlow)
 from machine import set_decoding_environment  # noqa: E402
 
 
-
 def _parallel_searches(argv):
-    """--parallel-searches, read before TensorFlow starts (it sets the threads)."""
-    from keras_transformer.hardware import available_cores
+    """--parallel-searches, read before TensorFlow starts (it sets the threads);
+    by default the exports' own on a CPU (`hardware.cpu_parallel_searches`)."""
+    from keras_transformer.hardware import cpu_parallel_searches
 
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--parallel-searches", type=int, default=available_cores())
+    parser.add_argument("--parallel-searches", type=int, default=cpu_parallel_searches())
     return max(1, parser.parse_known_args(argv)[0].parallel_searches)
 
 
