@@ -10,10 +10,11 @@ benchmarks/decode_throughput.py):
   shapes, so that XLA compiles a known number of times.
 - CPUs: TensorFlow's own kernels (XLA:CPU's matrix multiplies are slower than
   oneDNN's, and every batch shape compiles); mixed_bfloat16 where the CPU
-  multiplies bfloat16 in hardware (AMX, AVX512-BF16), else float32; the fine
-  length buckets.
+  multiplies bfloat16 in hardware (AMX, AVX512-BF16) and a measured product
+  shows it paying (`bfloat16_pays`), else float32; the fine length buckets.
 
-For decoding (`export --jit-compile auto`, `decoding_jit_compile`): XLA where a GPU
+For decoding (`export --jit-compile auto`, `decoding_jit_compile`; `export
+--precision auto`, `decoding_precision`, by the same measured rule): XLA where a GPU
 is visible, not on a CPU: there it answers one sentence faster but batches slower,
 and a stock model server runs it only with `--xla_cpu_compilation_enabled`
 (`export --xla-max-batch-size 4`: XLA for requests of up to 4 sentences alone).
@@ -23,13 +24,15 @@ only (`decoding_transposed_kernels`).
 Such a search also splits a request's sentences into one search per core, run side
 by side (`decoding_parallel_searches`).
 
-Imports TensorFlow only in `detect`, `decoding_jit_compile`,
-`decoding_transposed_kernels` and `decoding_parallel_searches`.
+Imports TensorFlow only in `detect`, `matmul_flops_per_second`,
+`decoding_jit_compile`, `decoding_precision`, `decoding_transposed_kernels` and
+`decoding_parallel_searches`.
 """
 
 import dataclasses
 import os
 import platform
+import time
 
 from keras_transformer.config import AUTO
 from keras_transformer.config import JIT_COMPILE
@@ -37,27 +40,39 @@ from keras_transformer.config import JIT_COMPILE
 # Length buckets that XLA compiles once each on an accelerator (see
 # `data.fit_bucket_lengths`).
 ACCELERATOR_LENGTH_BUCKETS = 8
+# On a CPU, bfloat16 is chosen where its measured matrix multiply runs at least
+# this many times as fast as float32's: mixed precision also casts activations
+# and weights, so a product only a little faster does not pay. The CPUs seen so
+# far lie far on either side (bfloat16's speed over float32's on 2 cores): an
+# Intel Xeon with AMX about 4, an AMD EPYC Zen 4 (AVX512-BF16) about 2 (the
+# products in benchmarks/results/cpu/2026-11-25-decode_throughput*.json), an
+# Intel Xeon whose hypervisor hides AMX (AVX512-BF16 only) 0.5, where
+# mixed_bfloat16 made cpu-small's step 1.54x slower (docs/cpu-recipes.md).
+BFLOAT16_MIN_SPEEDUP = 1.25
 
 
 @dataclasses.dataclass(frozen=True)
 class Device:
     """What trains: `kind` "cpu", "gpu" or "tpu", `count` of them, `name`, the
-    GPU's `compute_capability` `(major, minor)`, and the CPU's `cpu_flags`."""
+    GPU's `compute_capability` `(major, minor)`, the CPU's `cpu_flags`, and its
+    measured `matmul_flops` (`measure_cpu_matmuls`: FLOP/s by compute dtype)."""
 
     kind: str
     count: int = 1
     name: str = ""
     compute_capability: tuple = ()
     cpu_flags: dict = dataclasses.field(default_factory=dict)
+    matmul_flops: dict = dataclasses.field(default_factory=dict)
 
     @property
     def has_bfloat16(self):
-        """Whether matrix multiplies run in bfloat16 in hardware."""
+        """Whether bfloat16 matrix multiplies pay: in hardware on an accelerator,
+        and on a CPU measured to pay (`bfloat16_pays`)."""
         if self.kind == "tpu":
             return True
         if self.kind == "gpu":
             return tuple(self.compute_capability) >= (8, 0)
-        return bool(self.cpu_flags.get("amx_bf16") or self.cpu_flags.get("avx512_bf16"))
+        return bfloat16_pays(self.cpu_flags, self.matmul_flops)
 
     def describe(self):
         """One line for people, e.g. "1 GPU (NVIDIA H100 80GB HBM3, compute 9.0)"."""
@@ -99,12 +114,68 @@ def cpu_flags():
     }
 
 
+def has_bfloat16_instructions(flags):
+    """Whether a CPU of `flags` (`cpu_flags()`) multiplies bfloat16 in hardware."""
+    return bool(flags.get("amx_bf16") or flags.get("avx512_bf16"))
+
+
+def bfloat16_pays(flags, matmul_flops):
+    """Whether bfloat16 matrix multiplies pay on a CPU of `flags`: it has bfloat16
+    instructions, and its measured `matmul_flops` (`measure_cpu_matmuls`) put
+    bfloat16's at `BFLOAT16_MIN_SPEEDUP` times float32's or more."""
+    if not has_bfloat16_instructions(flags) or "bfloat16" not in matmul_flops:
+        return False
+    return matmul_flops["bfloat16"] >= BFLOAT16_MIN_SPEEDUP * matmul_flops["float32"]
+
+
+def bfloat16_reason(flags, matmul_flops):
+    """Why bfloat16 pays or not on this CPU (`bfloat16_pays`), in words."""
+    if not has_bfloat16_instructions(flags):
+        return "this CPU has no bfloat16 instructions"
+    rates = (f"bfloat16 matrix multiplies at {matmul_flops['bfloat16'] / 1e9:.0f} GFLOP/s, "
+             f"float32 at {matmul_flops['float32'] / 1e9:.0f}")
+    if bfloat16_pays(flags, matmul_flops):
+        return rates
+    return f"{rates}: bfloat16 does not pay on this CPU"
+
+
+def matmul_flops_per_second(compute_dtype="float32", seconds=0.3):
+    """FLOP/s of TensorFlow multiplying (1024 x 256) by (256 x 4096) matrices in
+    `compute_dtype`, the best of the calls made in about `seconds`."""
+    import tensorflow as tf
+
+    a = tf.cast(tf.random.normal((1024, 256)), compute_dtype)
+    b = tf.cast(tf.random.normal((256, 4096)), compute_dtype)
+    multiply = tf.function(lambda x, y: tf.reduce_sum(tf.cast(tf.matmul(x, y)[0, :1], "float32")))
+    multiply(a, b)  # trace
+    best, deadline = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < deadline or best == float("inf"):
+        start = time.perf_counter()
+        multiply(a, b).numpy()
+        best = min(best, time.perf_counter() - start)
+    return 2 * 1024 * 256 * 4096 / best
+
+
+def measure_cpu_matmuls(flags):
+    """`{dtype: FLOP/s}` of this CPU's matrix multiplies (`matmul_flops_per_second`):
+    float32's, and bfloat16's where the CPU has bfloat16 instructions (`flags`)."""
+    dtypes = ("float32", "bfloat16") if has_bfloat16_instructions(flags) else ("float32",)
+    return {dtype: matmul_flops_per_second(dtype) for dtype in dtypes}
+
+
+def cpu_device():
+    """The `Device` of this CPU, its matrix multiplies measured."""
+    flags = cpu_flags()
+    return Device("cpu", cpu_flags=flags, matmul_flops=measure_cpu_matmuls(flags))
+
+
 def detect(strategy):
-    """The `Device` that `strategy`'s replicas run on."""
+    """The `Device` that `strategy`'s replicas run on; a CPU's matrix multiplies
+    are measured (`measure_cpu_matmuls`, about a second)."""
     import tensorflow as tf
 
     if strategy is tf.distribute.get_strategy() and not tf.distribute.in_cross_replica_context():
-        return Device("cpu", count=1, cpu_flags=cpu_flags())  # the default strategy, no GPU
+        return cpu_device()  # the default strategy, no GPU
     # e.g. "/job:localhost/replica:0/task:0/device:GPU:0"
     kinds = {tf.DeviceSpec.from_string(name).device_type
              for name in strategy.extended.worker_devices}
@@ -116,7 +187,7 @@ def detect(strategy):
         return Device("gpu", count=strategy.num_replicas_in_sync,
                       name=details.get("device_name", "GPU"),
                       compute_capability=tuple(details.get("compute_capability", ())))
-    return Device("cpu", count=1, cpu_flags=cpu_flags())
+    return cpu_device()
 
 
 def resolve(config, device):
@@ -126,7 +197,7 @@ def resolve(config, device):
     jit_compile = config.jit_compile
     if jit_compile == AUTO:
         jit_compile = "on" if accelerator else "off"
-    precision = config.precision
+    precision, why = config.precision, ""
     if precision == AUTO:
         if device.has_bfloat16 and (accelerator or jit_compile == "off"):
             precision = "mixed_bfloat16"  # XLA:CPU multiplies bfloat16 slower than float32
@@ -134,6 +205,8 @@ def resolve(config, device):
             precision = "mixed_float16"
         else:
             precision = "float32"
+        if device.kind == "cpu" and jit_compile == "off":
+            why = bfloat16_reason(device.cpu_flags, device.matmul_flops)
     length_buckets = config.length_buckets
     if not length_buckets and accelerator:
         length_buckets = ACCELERATOR_LENGTH_BUCKETS
@@ -144,7 +217,7 @@ def resolve(config, device):
               if getattr(config, name) == AUTO]
     line = f"Training on {device.describe()}"
     if chosen:
-        line += f": {', '.join(chosen)} (auto)"
+        line += f": {', '.join(chosen)} (auto{'; ' + why if why else ''})"
     return resolved, line
 
 
@@ -163,14 +236,16 @@ def decoding_jit_compile(setting, xla_max_batch_size=None):
     return setting == "on"
 
 
-def decoding_precision(setting, jit_compile=False, flags=None):
+def decoding_precision(setting, jit_compile=False, flags=None, matmul_flops=None):
     """`(precision, reason)` of an export's weights and matrix multiplies:
-    `setting` itself, or for "auto" bfloat16 where this CPU multiplies bfloat16
-    in hardware (AMX, AVX512-BF16) and the search runs without XLA (XLA:CPU
-    multiplies bfloat16 no faster than float32), float32 elsewhere, GPUs
-    included (`benchmarks/precision_quality.py` measures the quality, equal to
-    float32's within noise, and `benchmarks/decode_throughput.py` the speed).
-    `flags`: `cpu_flags()` of the machine, by default this one."""
+    `setting` itself, or for "auto" bfloat16 where bfloat16 pays on this CPU
+    (`bfloat16_pays`: bfloat16 instructions, and a measured product that runs
+    faster) and the search runs without XLA (XLA:CPU multiplies bfloat16 no
+    faster than float32), float32 elsewhere, GPUs included
+    (`benchmarks/precision_quality.py` measures the quality, equal to float32's
+    within noise, and `benchmarks/decode_throughput.py` the speed). `flags` and
+    `matmul_flops`: `cpu_flags()` and `measure_cpu_matmuls` of the machine, by
+    default this one's."""
     if setting != AUTO:
         return setting, ""
     import tensorflow as tf
@@ -178,11 +253,13 @@ def decoding_precision(setting, jit_compile=False, flags=None):
     if tf.config.list_physical_devices("GPU"):
         return "float32", "a GPU is visible"
     flags = cpu_flags() if flags is None else flags
-    if not (flags.get("amx_bf16") or flags.get("avx512_bf16")):
-        return "float32", "this CPU has no bfloat16 instructions"
+    if not has_bfloat16_instructions(flags):
+        return "float32", bfloat16_reason(flags, {})
     if jit_compile:
         return "float32", "XLA on a CPU multiplies bfloat16 no faster"
-    return "bfloat16", f"this CPU has {'AMX' if flags.get('amx_bf16') else 'AVX512-BF16'}"
+    matmul_flops = measure_cpu_matmuls(flags) if matmul_flops is None else matmul_flops
+    precision = "bfloat16" if bfloat16_pays(flags, matmul_flops) else "float32"
+    return precision, bfloat16_reason(flags, matmul_flops)
 
 
 def decoding_transposed_kernels(flags=None):

@@ -2,8 +2,9 @@
 
 A short budget on a slow CPU buys few updates, and a recipe tuned on a fast CPU
 then learns nothing useful in them (docs/cpu-recipes.md has such runs). Before
-the vocabulary is built, `keras-transformer train --time-budget N` times a matrix
-multiply in the run's precision (`matmul_flops_per_second`), estimates the
+the vocabulary is built, `keras-transformer train --time-budget N` takes the speed
+of a matrix multiply in the run's precision, measured as the device was
+detected (`hardware.matmul_flops_per_second`), estimates the
 updates each recipe of `RECIPES` would get (`training_flops`, at the share of
 that speed a step reaches on this CPU, `step_efficiency`), and takes the
 first recipe that gets the updates it needs (`choose`): the bigger vocabulary
@@ -12,18 +13,17 @@ more and smaller updates) where it does not. `benchmarks/recipe_curves.py`
 measures BLEU against updates and CPU-seconds for each recipe; the table and
 the figures behind `RECIPES` are in the CPU recipes guide (docs/).
 
-Imports TensorFlow only in `matmul_flops_per_second`.
+Imports no TensorFlow.
 """
 
 import dataclasses
-import time
 
 # The share of a budget that goes into training steps; the rest is start-up,
 # the vocabulary, the first step of each batch shape, dev passes, checkpoints
 # and averaging (`keras-transformer train` prints the breakdown at its end).
 STEP_SHARE = 0.75
 # Training steps run at about this share of the matrix-multiply speed measured by
-# `matmul_flops_per_second` (cpu-small's float32 `mfu` in
+# `hardware.matmul_flops_per_second` (cpu-small's float32 `mfu` in
 # benchmarks/train_throughput.py, against the matrix-multiply peak it measures):
 # the model's multiplies are smaller than the probe's, and a step also runs
 # softmaxes, layer norms and Adam.
@@ -81,25 +81,8 @@ def training_flops(model_config, vocab_size, tokens_per_batch, mean_length=MEAN_
     return 3 * (c.num_layers * (encoder + decoder) + logits)
 
 
-def matmul_flops_per_second(compute_dtype="float32", seconds=0.3):
-    """FLOP/s of TensorFlow multiplying (1024 x 256) by (256 x 4096) matrices in
-    `compute_dtype`, the best of the calls made in about `seconds`."""
-    import tensorflow as tf
-
-    a = tf.cast(tf.random.normal((1024, 256)), compute_dtype)
-    b = tf.cast(tf.random.normal((256, 4096)), compute_dtype)
-    multiply = tf.function(lambda x, y: tf.reduce_sum(tf.cast(tf.matmul(x, y)[0, :1], "float32")))
-    multiply(a, b)  # trace
-    best, deadline = float("inf"), time.perf_counter() + seconds
-    while time.perf_counter() < deadline or best == float("inf"):
-        start = time.perf_counter()
-        multiply(a, b).numpy()
-        best = min(best, time.perf_counter() - start)
-    return 2 * 1024 * 256 * 4096 / best
-
-
 def step_efficiency(compute_dtype, cpu_flags):
-    """The share of `matmul_flops_per_second` that a training step reaches in
+    """The share of `hardware.matmul_flops_per_second` that a training step reaches in
     `compute_dtype` on a CPU of `cpu_flags` (`hardware.cpu_flags()`)."""
     if compute_dtype == "bfloat16" and cpu_flags.get("amx_bf16"):
         return AMX_BFLOAT16_STEP_EFFICIENCY

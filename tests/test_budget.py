@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from keras_transformer import budget
+from keras_transformer import hardware
 from keras_transformer import recipes
 from keras_transformer.config import TransformerConfig
 
@@ -83,9 +84,10 @@ def test_train_chooses_the_recipe_at_this_cpus_step_efficiency(monkeypatch, flag
     big, small = recipes.RECIPES
     # The big recipe's updates at STEP_EFFICIENCY, by a hair.
     flops = 1e12 * big.min_updates / recipes.estimated_updates(model_config, big, 480, 1e12) * 1.01
-    monkeypatch.setattr(recipes, "matmul_flops_per_second", lambda dtype: flops)
+    device = hardware.Device("cpu", cpu_flags=flags,
+                             matmul_flops={"float32": flops / 2, "bfloat16": flops})
     config = TrainingConfig(time_budget=8, precision="mixed_bfloat16")
-    config, _, line = train.choose_recipe(config, model_config, recipes, flags)
+    config, _, line = train.choose_recipe(config, model_config, recipes, device)
     expected = big if efficiency == recipes.STEP_EFFICIENCY else small
     assert (config.vocab_size, config.tokens_per_batch) == (expected.vocab_size,
                                                            expected.tokens_per_batch)
@@ -128,7 +130,7 @@ def test_a_slow_cpu_gets_the_small_recipe_and_the_breakdown(tmp_path, monkeypatc
     from keras_transformer.cli import train
 
     slow = 5e9  # FLOP/s: the tiny model gets a few hundred updates of the big recipe
-    monkeypatch.setattr(recipes, "matmul_flops_per_second", lambda dtype: slow)
+    monkeypatch.setattr(hardware, "matmul_flops_per_second", lambda dtype: slow)
     run = str(tmp_path / "run")
     assert train.main(["--out", run, "--model", "tiny", "--time-budget", "0.4",
                        "--vocab-sentences", "4000",

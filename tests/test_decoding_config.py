@@ -79,10 +79,13 @@ def test_an_old_exports_settings_read_back():
         DecodingConfig.from_dict({"beam": 4})
 
 
-def test_resolved_chooses_for_this_machine():
+def test_resolved_chooses_for_this_machine(monkeypatch):
     import tensorflow as tf
 
     from keras_transformer import hardware
+
+    measured = hardware.measure_cpu_matmuls(hardware.cpu_flags())  # once, for the same reason
+    monkeypatch.setattr(hardware, "measure_cpu_matmuls", lambda flags: measured)
 
     config, notes = DecodingConfig(jit_compile="auto", xla_max_batch_size=4).resolved()
     assert config.jit_compile == "on" and notes == []  # XLA asked for small requests

@@ -14,9 +14,16 @@ from keras_transformer.config import TrainingConfig
 H100 = hardware.Device("gpu", count=8, name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0))
 V100 = hardware.Device("gpu", name="Tesla V100-SXM2-16GB", compute_capability=(7, 0))
 TPU = hardware.Device("tpu", count=8)
+# Measured products on 2 cores of the CPUs seen, FLOP/s (tests/test_decoding_precision.py).
 AMX = hardware.Device("cpu", cpu_flags={"model_name": "Intel Xeon", "cpus": 2, "avx512f": True,
-                                        "avx512_bf16": True, "amx_bf16": True})
-AVX2 = hardware.Device("cpu", cpu_flags={"model_name": "AMD EPYC", "cpus": 2, "avx2": True})
+                                        "avx512_bf16": True, "amx_bf16": True},
+                      matmul_flops={"float32": 329e9, "bfloat16": 1323e9})
+# An Intel Xeon whose hypervisor hides AMX: bfloat16 at half float32's speed.
+HIDDEN_AMX = hardware.Device("cpu", cpu_flags={"model_name": "Intel Xeon", "cpus": 2,
+                                               "avx512f": True, "avx512_bf16": True},
+                             matmul_flops={"float32": 350e9, "bfloat16": 170e9})
+AVX2 = hardware.Device("cpu", cpu_flags={"model_name": "AMD EPYC", "cpus": 2, "avx2": True},
+                       matmul_flops={"float32": 129e9})
 
 
 def chosen(device, **fields):
@@ -29,6 +36,7 @@ def chosen(device, **fields):
     (V100, ("mixed_float16", "on", hardware.ACCELERATOR_LENGTH_BUCKETS)),
     (TPU, ("mixed_bfloat16", "on", hardware.ACCELERATOR_LENGTH_BUCKETS)),
     (AMX, ("mixed_bfloat16", "off", 0)),   # oneDNN's bfloat16 matmuls; fine buckets
+    (HIDDEN_AMX, ("float32", "off", 0)),   # bfloat16 instructions, but slower
     (AVX2, ("float32", "off", 0)),
 ])
 def test_auto_fits_the_device(device, expected):
@@ -48,6 +56,28 @@ def test_the_line_says_what_auto_chose():
                                "--precision mixed_bfloat16, --jit-compile on (auto)")
     assert chosen(AVX2, precision="float32")[1] == (
         "Training on CPU (AMD EPYC, 2 cores, avx2): --jit-compile off (auto)")
+    assert chosen(AVX2)[1] == (
+        "Training on CPU (AMD EPYC, 2 cores, avx2): --precision float32, --jit-compile off "
+        "(auto; this CPU has no bfloat16 instructions)")
+    assert chosen(HIDDEN_AMX)[1] == (
+        "Training on CPU (Intel Xeon, 2 cores, avx512f, avx512_bf16): --precision float32, "
+        "--jit-compile off (auto; bfloat16 matrix multiplies at 170 GFLOP/s, float32 at 350: "
+        "bfloat16 does not pay on this CPU)")
+    assert chosen(AMX)[1].endswith(
+        "--precision mixed_bfloat16, --jit-compile off (auto; bfloat16 matrix multiplies at "
+        "1323 GFLOP/s, float32 at 329)")
+
+
+@pytest.mark.parametrize("bfloat16, pays", [(1.25 * 300e9, True), (1.24 * 300e9, False)])
+def test_bfloat16_pays_from_the_measured_speedup(bfloat16, pays):
+    """bfloat16 is taken at BFLOAT16_MIN_SPEEDUP times float32's speed and not below,
+    and never without bfloat16 instructions, however fast it measured."""
+    assert hardware.BFLOAT16_MIN_SPEEDUP == 1.25
+    flops = {"float32": 300e9, "bfloat16": bfloat16}
+    assert hardware.bfloat16_pays({"avx512_bf16": True}, flops) is pays
+    assert hardware.bfloat16_pays({"amx_bf16": True}, flops) is pays
+    assert hardware.bfloat16_pays({"avx2": True, "avx512f": True}, flops) is False
+    assert hardware.bfloat16_pays({"avx512_bf16": True}, {"float32": 300e9}) is False
     assert chosen(AVX2, precision="float32", jit_compile="off")[1] == (
         "Training on CPU (AMD EPYC, 2 cores, avx2)")
 
@@ -56,6 +86,21 @@ def test_detect_names_the_strategys_device():
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     device = hardware.detect(strategy)
     assert device.kind == "cpu" and device.cpu_flags == hardware.cpu_flags()
+    # Measured: float32 always, bfloat16 where the CPU has its instructions.
+    expected = {"float32", "bfloat16"} if hardware.has_bfloat16_instructions(
+        device.cpu_flags) else {"float32"}
+    assert set(device.matmul_flops) == expected
+    assert all(1e9 < flops < 1e16 for flops in device.matmul_flops.values())
+
+
+def test_the_probe_counts_its_products_flops(monkeypatch):
+    """`matmul_flops_per_second` is 2 x 1024 x 256 x 4096 FLOPs over the fastest call."""
+    import types
+
+    # The deadline; then (check, start, end) for calls of 0.5 and 0.25 s; past the deadline.
+    ticks = iter([0.0, 0.1, 0.1, 0.6, 0.6, 0.6, 0.85, 2.0])
+    monkeypatch.setattr(hardware, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    assert hardware.matmul_flops_per_second("float32", seconds=1.5) == 2 * 1024 * 256 * 4096 / 0.25
 
 
 def test_jit_compile_flag_and_older_runs():

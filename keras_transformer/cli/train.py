@@ -181,7 +181,7 @@ def configure(args, fields, model_overrides, explicit):
     if (config.time_budget and saved is None and device.kind == "cpu" and not config.init_from
             and not {"vocab_size", "tokens_per_batch"} & explicit):
         config, model_config, recipe_line = choose_recipe(
-            config, model_config, recipes, device.cpu_flags,
+            config, model_config, recipes, device,
             keep_dropout="dropout_rate" in model_overrides or args.model_config is not None)
         print(recipe_line, flush=True)
     return config, model_config, saved, strategy
@@ -323,17 +323,20 @@ def print_test_bleu(averaged, tokenizer, config):
           f"({result['signature']})")
 
 
-def choose_recipe(config, model_config, recipes, cpu_flags, keep_dropout=False):
+def choose_recipe(config, model_config, recipes, device, keep_dropout=False):
     """`(config, model_config, line)`: the configs with the vocabulary size, batch
     tokens and (unless `keep_dropout`) dropout of the recipe that this CPU's
-    measured speed affords in the budget (`recipes.choose`, the step's share of that
-    speed by `cpu_flags`, `recipes.step_efficiency`), and a line saying what was
-    chosen and why."""
+    measured speed (`device.matmul_flops`, in the run's compute dtype) affords in
+    the budget (`recipes.choose`, the step's share of that speed by the CPU's
+    flags, `recipes.step_efficiency`), and a line saying what was chosen and why."""
     import keras
 
+    from keras_transformer import hardware
+
     compute_dtype = keras.DTypePolicy(config.precision).compute_dtype
-    flops = recipes.matmul_flops_per_second(compute_dtype)
-    efficiency = recipes.step_efficiency(compute_dtype, cpu_flags)
+    flops = (device.matmul_flops.get(compute_dtype)
+             or hardware.matmul_flops_per_second(compute_dtype))
+    efficiency = recipes.step_efficiency(compute_dtype, device.cpu_flags)
     recipe, estimates = recipes.choose(model_config, config.time_budget * 60, flops,
                                        efficiency=efficiency)
     config = dataclasses.replace(config, vocab_size=recipe.vocab_size,
