@@ -163,19 +163,21 @@ def measure_cpu_matmuls(flags):
     return {dtype: matmul_flops_per_second(dtype) for dtype in dtypes}
 
 
-def cpu_device():
-    """The `Device` of this CPU, its matrix multiplies measured."""
+def cpu_device(measure_matmuls=True):
+    """The `Device` of this CPU, its matrix multiplies measured if `measure_matmuls`."""
     flags = cpu_flags()
-    return Device("cpu", cpu_flags=flags, matmul_flops=measure_cpu_matmuls(flags))
+    return Device("cpu", cpu_flags=flags,
+                  matmul_flops=measure_cpu_matmuls(flags) if measure_matmuls else {})
 
 
-def detect(strategy):
+def detect(strategy, measure_matmuls=True):
     """The `Device` that `strategy`'s replicas run on; a CPU's matrix multiplies
-    are measured (`measure_cpu_matmuls`, about a second)."""
+    are measured (`measure_cpu_matmuls`, about a second) if `measure_matmuls`:
+    `--precision auto` and the budget's recipe need them."""
     import tensorflow as tf
 
     if strategy is tf.distribute.get_strategy() and not tf.distribute.in_cross_replica_context():
-        return cpu_device()  # the default strategy, no GPU
+        return cpu_device(measure_matmuls)  # the default strategy, no GPU
     # e.g. "/job:localhost/replica:0/task:0/device:GPU:0"
     kinds = {tf.DeviceSpec.from_string(name).device_type
              for name in strategy.extended.worker_devices}
@@ -187,7 +189,7 @@ def detect(strategy):
         return Device("gpu", count=strategy.num_replicas_in_sync,
                       name=details.get("device_name", "GPU"),
                       compute_capability=tuple(details.get("compute_capability", ())))
-    return cpu_device()
+    return cpu_device(measure_matmuls)
 
 
 def resolve(config, device):

@@ -165,14 +165,17 @@ def configure(args, fields, model_overrides, explicit):
     from keras_transformer import recipes
     from keras_transformer import run_configs
     from keras_transformer import training
+    from keras_transformer.config import AUTO
 
     config, model_config, saved = run_configs.resolve_configs(
         args.out, fields, explicit, model_overrides, args.model_config)
     # The strategy first: a multi-worker one configures collectives, which must
     # happen before TensorFlow runs anything.
     strategy = distributed.make_strategy(config.strategy, tpu=args.tpu)
-    # "auto" settings fit the device: XLA, bfloat16 and few batch shapes on accelerators.
-    device = hardware.detect(strategy)
+    # "auto" settings fit the device: XLA, bfloat16 and few batch shapes on accelerators;
+    # on a CPU, bfloat16 where its measured product pays, and the budget's recipe.
+    device = hardware.detect(strategy, measure_matmuls=(config.precision == AUTO
+                                                        or bool(config.time_budget)))
     config, device_line = hardware.resolve(config, device)
     print(device_line, flush=True)
     keras.utils.set_random_seed(config.seed)
