@@ -132,6 +132,8 @@ def bfloat16_reason(flags, matmul_flops):
     """Why bfloat16 pays or not on this CPU (`bfloat16_pays`), in words."""
     if not has_bfloat16_instructions(flags):
         return "this CPU has no bfloat16 instructions"
+    if "bfloat16" not in matmul_flops:
+        return "bfloat16's speed on this CPU not measured"
     rates = (f"bfloat16 matrix multiplies at {matmul_flops['bfloat16'] / 1e9:.0f} GFLOP/s, "
              f"float32 at {matmul_flops['float32'] / 1e9:.0f}")
     if bfloat16_pays(flags, matmul_flops):

@@ -78,6 +78,9 @@ def test_bfloat16_pays_from_the_measured_speedup(bfloat16, pays):
     assert hardware.bfloat16_pays({"amx_bf16": True}, flops) is pays
     assert hardware.bfloat16_pays({"avx2": True, "avx512f": True}, flops) is False
     assert hardware.bfloat16_pays({"avx512_bf16": True}, {"float32": 300e9}) is False
+    unmeasured = dataclasses.replace(AMX, matmul_flops={})
+    assert chosen(unmeasured)[0][0] == "float32"
+    assert chosen(unmeasured)[1].endswith("(auto; bfloat16's speed on this CPU not measured)")
     assert chosen(AVX2, precision="float32", jit_compile="off")[1] == (
         "Training on CPU (AMD EPYC, 2 cores, avx2)")
 
