@@ -143,11 +143,13 @@ def bfloat16_reason(flags, matmul_flops):
 
 def matmul_flops_per_second(compute_dtype="float32", seconds=0.3):
     """FLOP/s of TensorFlow multiplying (1024 x 256) by (256 x 4096) matrices in
-    `compute_dtype`, the best of the calls made in about `seconds`."""
+    `compute_dtype`, the best of the calls made in about `seconds`. The matrices
+    come from stateless random ops: the run's seed is not set yet, and with op
+    determinism on (TF_DETERMINISTIC_OPS) a seedless random op raises."""
     import tensorflow as tf
 
-    a = tf.cast(tf.random.normal((1024, 256)), compute_dtype)
-    b = tf.cast(tf.random.normal((256, 4096)), compute_dtype)
+    a = tf.cast(tf.random.stateless_normal((1024, 256), seed=(1, 2)), compute_dtype)
+    b = tf.cast(tf.random.stateless_normal((256, 4096), seed=(3, 4)), compute_dtype)
     multiply = tf.function(lambda x, y: tf.reduce_sum(tf.cast(tf.matmul(x, y)[0, :1], "float32")))
     multiply(a, b)  # trace
     best, deadline = float("inf"), time.perf_counter() + seconds

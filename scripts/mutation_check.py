@@ -156,6 +156,16 @@ MUTANTS = [
            'kind = {int: int, float: float, int | None: int, "int | None": int}.get(',
            'kind = {int: int, float: float, "int | None": int}.get(',
            ["tests/test_train_cli.py::test_every_model_and_training_flag_lands_in_its_config"]),
+    # --precision auto trusts the CPU's bfloat16 flag, not the measured speed: a Xeon
+    # whose hypervisor hides AMX then trains at two thirds of float32's speed.
+    mutant("bfloat16-by-flags", "keras_transformer/hardware.py",
+           "return bfloat16_pays(self.cpu_flags, self.matmul_flops)",
+           "return has_bfloat16_instructions(self.cpu_flags)",
+           ["tests/test_hardware.py::test_auto_fits_the_device"]),
+    mutant("export-bfloat16-by-flags", "keras_transformer/hardware.py",
+           'precision = "bfloat16" if bfloat16_pays(flags, matmul_flops) else "float32"',
+           'precision = "bfloat16"',
+           ["tests/test_decoding_precision.py"]),
     # evaluate --output loses the line of an empty translation.
     mutant("evaluate-output-lines", "keras_transformer/cli/evaluate.py",
            'f.writelines(text.replace("\\n", " ") + "\\n" for text in hypotheses)',
