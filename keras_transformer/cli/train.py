@@ -173,9 +173,12 @@ def configure(args, fields, model_overrides, explicit):
     # happen before TensorFlow runs anything.
     strategy = distributed.make_strategy(config.strategy, tpu=args.tpu)
     # "auto" settings fit the device: XLA, bfloat16 and few batch shapes on accelerators;
-    # on a CPU, bfloat16 where its measured product pays, and the budget's recipe.
-    device = hardware.detect(strategy, measure_matmuls=(config.precision == AUTO
-                                                        or bool(config.time_budget)))
+    # on a CPU, bfloat16 where its measured product pays, and the budget's recipe. Measured
+    # only where used: with XLA asked for, float32 on a CPU, and the probe's products
+    # before a run's first compilation kept it from loading that from --compilation-cache
+    # (tests/test_train_cli.py::test_a_second_run_loads_what_xla_compiled).
+    device = hardware.detect(strategy, measure_matmuls=bool(
+        config.time_budget or (config.precision == AUTO and config.jit_compile != "on")))
     config, device_line = hardware.resolve(config, device)
     print(device_line, flush=True)
     keras.utils.set_random_seed(config.seed)
