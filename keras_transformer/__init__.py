@@ -21,6 +21,7 @@ _NAMES = {
     "TransformerConfig": "keras_transformer.config",
     "LabelSmoothedCrossEntropy": "keras_transformer.losses",
     "Perplexity": "keras_transformer.metrics",
+    "TargetTokens": "keras_transformer.metrics",
     "TokenAccuracy": "keras_transformer.metrics",
     "Transformer": "keras_transformer.model",
     "build_transformer": "keras_transformer.model",

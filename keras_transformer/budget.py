@@ -25,8 +25,10 @@ CALIBRATION_STEPS = 20
 
 class TrainingClock(keras.callbacks.Callback):
     """Times a run on one clock and, with a budget, stops it at the epoch end
-    nearest the budget (`over_budget`); adds `step`, `cpu_seconds` and `elapsed_seconds` (since
-    `start`, default now) to the epoch logs, and times each step for `plan`.
+    nearest the budget (`over_budget`); adds `step`, `cpu_seconds`, `elapsed_seconds` (since
+    `start`, default now) and, where the model counts `target_tokens`,
+    `target_tokens_per_second` (over the wall-clock time of the epoch's steps, its
+    dev pass left out) to the epoch logs, and times each step for `plan`.
 
     Args:
         budget_seconds: stop once the clock has run this long since `start`
@@ -50,6 +52,7 @@ class TrainingClock(keras.callbacks.Callback):
         self._step_start = None
         self._epoch_start = None
         self._epoch_seconds = 0.0  # the last epoch's, dev pass included
+        self._steps_wall = None  # the wall-clock span of this epoch's steps: [start, end]
 
     def elapsed(self):
         return self.read() - self.start
@@ -65,6 +68,11 @@ class TrainingClock(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = self.read()
+        self._steps_wall = [time.monotonic(), None]
+
+    def on_test_begin(self, logs=None):
+        if self._steps_wall is not None and self._steps_wall[1] is None:
+            self._steps_wall[1] = time.monotonic()  # the epoch's steps end, its dev pass begins
 
     def on_train_batch_begin(self, batch, logs=None):
         self._step_start = self.read()
@@ -77,6 +85,10 @@ class TrainingClock(keras.callbacks.Callback):
             self._epoch_seconds = self.read() - self._epoch_start
         if logs is not None:
             logs["step"] = int(self.model.optimizer.iterations.numpy())
+            if "target_tokens" in logs and self._steps_wall is not None:
+                start, end = self._steps_wall
+                seconds = (end or time.monotonic()) - start
+                logs["target_tokens_per_second"] = round(float(logs["target_tokens"]) / seconds, 1)
             logs["cpu_seconds"] = round(time.process_time(), 2)
             logs["elapsed_seconds"] = round(time.monotonic() - self.wall_start, 2)
         if self.over_budget():
@@ -224,7 +236,8 @@ class TimeAccount(keras.callbacks.Callback):
 
 class ProgressLine(keras.callbacks.Callback):
     """One line per epoch (checkpoint interval) for a person: the step, the
-    training and dev loss, the learning rate and the time so far.
+    training and dev loss, the learning rate, the target tokens a second and the
+    time so far.
 
     Args:
         steps: the steps planned in all (shown as "step 250/1000").
@@ -237,6 +250,20 @@ class ProgressLine(keras.callbacks.Callback):
         self.steps = steps
         self.clock = clock
         self.stream = stream or sys.stdout
+        self._first_step_told = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        """Says once how long the command took to its first step (building the
+        graph and, with XLA, compiling it): minutes on a GPU, where a user would
+        otherwise wait with nothing on the screen. A budgeted run timed its first
+        steps before `fit`, and says nothing here."""
+        if self._first_step_told or self.clock.budget_seconds is not None:
+            return
+        self._first_step_told = True
+        seconds = time.monotonic() - self.clock.wall_start
+        print(f"First step done {seconds:.0f} s after the command started "
+              "(building the model's graph and compiling it included).",
+              file=self.stream, flush=True)
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
@@ -249,10 +276,20 @@ class ProgressLine(keras.callbacks.Callback):
                              else f"{label} {logs[key]:.1f}")
         if "learning_rate" in logs:
             parts.append(f"lr {logs['learning_rate']:.2e}")
+        if "target_tokens_per_second" in logs:
+            parts.append(f"{_count(logs['target_tokens_per_second'])} tokens/s")
         elapsed = _minutes(self.clock.elapsed())
         budget = self.clock.budget_seconds
         parts.append(f"{elapsed} of {_minutes(budget)}" if budget else elapsed)
         print("  ".join(parts), file=self.stream, flush=True)
+
+
+def _count(value):
+    """12345 -> "12.3k", 1234567 -> "1.23M", 123 -> "123"."""
+    for limit, suffix in ((1e6, "M"), (1e3, "k")):
+        if value >= limit:
+            return f"{value / limit:.3g}{suffix}"
+    return f"{value:.0f}"
 
 
 def _minutes(seconds):

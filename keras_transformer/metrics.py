@@ -62,3 +62,29 @@ class Perplexity(_TokenMean):
 
     def result(self):
         return ops.exp(ops.divide_no_nan(self.total, self.count))
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TargetTokens(keras.metrics.Metric):
+    """How many non-padding target tokens the steps trained on (a sum, reset each
+    epoch, over all replicas): the numerator of the progress line's tokens/s."""
+
+    def __init__(self, padding_id=PAD_ID, name="target_tokens", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.padding_id = padding_id
+        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.count.assign_add(ops.sum(ops.cast(ops.not_equal(y_true, self.padding_id),
+                                               "float32")))
+
+    def result(self):
+        # A value, not the variable: the logs would read it again after the dev
+        # pass had reset and refilled it.
+        return ops.add(self.count, 0.0)
+
+    def reset_state(self):
+        self.count.assign(0.0)
+
+    def get_config(self):
+        return {"name": self.name, "padding_id": self.padding_id}

@@ -5,6 +5,7 @@ scripts use them directly (see docs/library.md). Checkpoints are named and
 listed by `runs.Checkpoints`, the run directory's other files by `runs.Run`.
 """
 
+import csv
 import math
 import os
 import sys
@@ -21,6 +22,7 @@ from keras_transformer.distributed import is_chief
 from keras_transformer.durable import write_atomically
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import Perplexity
+from keras_transformer.metrics import TargetTokens
 from keras_transformer.metrics import TokenAccuracy
 from keras_transformer.model import build_transformer
 from keras_transformer.optimizers import adam
@@ -43,7 +45,8 @@ def compile_for_training(model, label_smoothing=0.1, warmup_steps=4000, learning
 
     Adam (beta1 0.9, beta2 0.98, epsilon 1e-9) on `TransformerSchedule`, the
     label-smoothed cross entropy averaged over the global batch's target tokens,
-    and token accuracy and perplexity. Under `mixed_float16` Keras wraps the
+    and token accuracy, perplexity and the target tokens trained on (for the
+    tokens/s of the logs). Under `mixed_float16` Keras wraps the
     optimizer in a `LossScaleOptimizer` (dynamic loss scaling). With
     `accumulate_steps` N > 1 the optimizer is an `AccumulatingAdam`, one update
     from every N batches: feed it `TrainingBatches.dataset(accumulate_steps=N)`,
@@ -62,7 +65,7 @@ def compile_for_training(model, label_smoothing=0.1, warmup_steps=4000, learning
     model.compile(
         optimizer=adam(schedule, accumulate_steps),
         loss=LabelSmoothedCrossEntropy(label_smoothing),
-        metrics=[TokenAccuracy(), Perplexity()],
+        metrics=[TokenAccuracy(), Perplexity(), TargetTokens()],
         jit_compile=jit_compile,
     )
     return schedule
@@ -276,6 +279,22 @@ def save_average(model, paths, path):
 # Logging -------------------------------------------------------------------
 
 
+class RunLog(keras.callbacks.CSVLogger):
+    """log.csv: one row per checkpoint interval, appended across `fit` calls and
+    resumes. A file that has a header keeps its columns: a run resumed by a
+    version that logs more leaves the new values out rather than shifting the
+    old columns under the wrong names."""
+
+    def __init__(self, filename):
+        super().__init__(filename, append=True)
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        if not self.append_header:  # the file has a header: its columns
+            with open(self.filename, newline="") as f:
+                self.keys = next(csv.reader(f))[1:]
+
+
 class LearningRateLogger(keras.callbacks.Callback):
     """Adds the current learning rate to the epoch logs (for TensorBoard, CSV)."""
 
@@ -343,6 +362,6 @@ def run_callbacks(run, config, clock, chief=True, tokenizer=None, dev_pairs=None
     if chief:
         callbacks += [
             keras.callbacks.TensorBoard(run.tensorboard_dir),
-            keras.callbacks.CSVLogger(run.csv_log, append=True),
+            RunLog(run.csv_log),
         ]
     return callbacks

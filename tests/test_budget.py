@@ -115,6 +115,24 @@ def test_the_time_account_sets_the_dev_passes_apart(monkeypatch):
                               "averaging 30 s, dev passes 5 s, checkpoints 4 s.")
 
 
+@pytest.mark.parametrize("budget_seconds", [None, 600.0])
+def test_the_first_step_is_told_once_counted_from_the_command(monkeypatch, budget_seconds):
+    import io
+
+    now = [1000.0]
+    monkeypatch.setattr(budget.time, "monotonic", lambda: now[0])
+    clock = budget.TrainingClock(budget_seconds, start=0.0, wall_start=905.0)
+    stream = io.StringIO()
+    progress = budget.ProgressLine(100, clock, stream)
+    progress.on_train_batch_end(0)
+    now[0] = 1001.0
+    progress.on_train_batch_end(1)
+    told = ("First step done 95 s after the command started "
+            "(building the model's graph and compiling it included).\n")
+    # A budgeted run timed its first steps before fit: its first step in fit is not the first.
+    assert stream.getvalue() == ("" if budget_seconds else told)
+
+
 def test_training_batches_have_no_autotuning_thread(tokenizer):
     from keras_transformer import data
 

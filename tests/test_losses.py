@@ -2,6 +2,7 @@ import keras
 import numpy as np
 import pytest
 
+import keras_transformer as kt
 from keras_transformer import LabelSmoothedCrossEntropy
 from keras_transformer import Perplexity
 from keras_transformer import TokenAccuracy
@@ -51,6 +52,34 @@ def test_metrics_on_non_padding_tokens():
     log_probs = LOGITS - np.log(np.exp(LOGITS).sum(-1, keepdims=True))
     nll = -np.take_along_axis(log_probs, TARGETS[..., None], -1)[..., 0]
     np.testing.assert_allclose(float(perplexity.result()), np.exp(nll[REAL].mean()), rtol=1e-5)
+
+
+def test_target_tokens_counts_the_non_padding_tokens_of_each_epoch_apart():
+    from keras_transformer import TargetTokens
+    from keras_transformer import training
+
+    tokens = TargetTokens()
+    tokens.update_state(TARGETS, LOGITS)
+    tokens.update_state(TARGETS, LOGITS)
+    assert float(tokens.result()) == 2 * REAL.sum()
+    # In fit, the train epoch's count must not be the dev pass's, which reuses the metric.
+    model = kt.build_transformer(kt.TransformerConfig.tiny(60, d_model=16, d_ff=32))
+    training.compile_for_training(model)
+    rng = np.random.RandomState(0)
+
+    def pairs(rows, length, padding):
+        inputs = {name: rng.randint(4, 60, (rows, length)).astype("int32")
+                  for name in ("encoder_inputs", "decoder_inputs")}
+        targets = rng.randint(4, 60, (rows, length)).astype("int32")
+        targets[:, length - padding:] = 0
+        return inputs, targets
+
+    logged = {}
+    model.fit(*pairs(8, 12, 2), batch_size=4, epochs=1, validation_data=pairs(4, 6, 0),
+              verbose=0, callbacks=[keras.callbacks.LambdaCallback(
+                  on_epoch_end=lambda epoch, logs: logged.update(logs))])
+    assert float(logged["target_tokens"]) == 8 * 10
+    assert float(logged["val_target_tokens"]) == 4 * 6
 
 
 @pytest.mark.parametrize("epsilon", [0.0, 0.1])

@@ -572,3 +572,20 @@ def test_pairs_left_out_for_their_length_are_counted_before_training(tokenizer, 
     train.make_batches(config, tokenizer, pairs, pairs, tf.distribute.get_strategy())
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "Left out 4 training pairs longer than 32 tokens (--max-sentence-tokens).", out
+
+
+def test_ctrl_c_says_where_the_run_resumes_without_a_stack(tmp_path):
+    run = str(tmp_path / "run")
+    process = _train([*QUICK, "--steps", "100000", "--out", run], wait=False, capture=True)
+    for line in process.stdout:  # the first checkpoint is written before its progress line
+        if line.startswith("step 2/"):
+            break
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    steps = sorted(int(name[5:13]) for name in os.listdir(os.path.join(run, "checkpoints"))
+                   if name.endswith(".weights.h5"))
+    assert steps and "Traceback" not in stderr
+    assert stderr.strip().endswith(
+        f"stopped. The same command resumes {run} from its last checkpoint, step {steps[-1]}; "
+        "the steps after it are trained again.")

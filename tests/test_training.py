@@ -129,6 +129,57 @@ def test_training_clock_stops_at_the_epoch_end_nearest_the_budget():
     assert not budget.TrainingClock().over_budget()  # no budget, never
 
 
+def test_tokens_a_second_count_the_steps_and_not_the_dev_pass(monkeypatch):
+    import io
+
+    now = [50.0]
+    monkeypatch.setattr(budget.time, "monotonic", lambda: now[0])
+    clock = budget.TrainingClock(wall_start=0.0)
+
+    class Model:
+        optimizer = type("Optimizer", (), {"iterations": keras.Variable(100)})()
+
+    clock.set_model(Model())
+    clock.on_epoch_begin(0)
+    now[0] = 54.0                      # 4 s of steps
+    clock.on_test_begin()
+    now[0] = 60.0                      # a 6-second dev pass
+    logs = {"target_tokens": 123456.0, "learning_rate": 1e-3}
+    clock.on_epoch_end(0, logs)
+    assert logs["target_tokens_per_second"] == 123456.0 / 4
+    stream = io.StringIO()
+    progress = budget.ProgressLine(1000, clock, stream)
+    progress.set_model(Model())
+    progress.on_epoch_end(0, logs)
+    assert "lr 1.00e-03  30.9k tokens/s  " in stream.getvalue()
+
+
+def test_the_run_log_keeps_the_columns_of_an_older_run(tmp_path):
+    import csv
+
+    path = str(tmp_path / "log.csv")
+    with open(path, "w") as f:
+        f.write("epoch,loss,step\n0,6.5,10\n")
+    for epoch, logs in ((1, {"loss": 6.0, "step": 20, "target_tokens": 9.0}),
+                        (2, {"loss": 5.5, "step": 30})):
+        log = training.RunLog(path)
+        log.on_train_begin()
+        log.on_epoch_end(epoch, logs)
+        log.on_train_end()
+    with open(path) as f:
+        rows = list(csv.reader(f))
+    assert rows == [["epoch", "loss", "step"], ["0", "6.5", "10"], ["1", "6.0", "20"],
+                    ["2", "5.5", "30"]]
+    fresh = str(tmp_path / "fresh.csv")
+    log = training.RunLog(fresh)
+    log.on_train_begin()
+    log.on_epoch_end(0, {"loss": 6.0, "target_tokens": 9.0})
+    log.on_train_end()
+    with open(fresh) as f:
+        assert next(csv.reader(f)) == ["epoch", "loss", "target_tokens", "val_loss",
+                                       "val_target_tokens"]
+
+
 def test_an_unreadable_newest_checkpoint_is_skipped(tmp_path, capsys):
     model = _compiled_model()
     callback = training.StepCheckpoint(str(tmp_path), keep=3)

@@ -88,6 +88,20 @@ def main(argv=None, prog=PROG):
     except (ValueError, FileNotFoundError) as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: a sentence, not TensorFlow's stack
+        print(f"\n{prog}: stopped. {interrupted_run(args.out)}", file=sys.stderr)
+        return 130
+
+
+def interrupted_run(out):
+    """What a stopped run left: where the same command resumes it."""
+    from keras_transformer import runs
+
+    saved = runs.Run(out).checkpoints.list()
+    if not saved:
+        return f"No checkpoint was written; the same command starts {out} again."
+    return (f"The same command resumes {out} from its last checkpoint, step {saved[-1][0]}; "
+            "the steps after it are trained again.")
 
 
 def run(args, fields, model_overrides, explicit, prog=PROG):
