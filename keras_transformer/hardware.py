@@ -268,16 +268,18 @@ def decoding_precision(setting, jit_compile=False, flags=None, matmul_flops=None
     return precision, bfloat16_reason(flags, matmul_flops)
 
 
-def decoding_transposed_kernels(flags=None):
+def decoding_transposed_kernels(flags=None, gpu=None):
     """Whether a search's steps multiply by kernels stored transposed, `x W^T`
     (`Transformer.step_function(transposed_kernels=True)`): on a CPU without
     AVX-512, where oneDNN runs that layout faster, and not with AVX-512 (slower
     there in float32) or on a GPU (benchmarks/decode_throughput.py on each CPU
-    kind). `flags`: `cpu_flags()` of the machine that traces the search, by
-    default this one."""
-    import tensorflow as tf
+    kind). `flags`: `cpu_flags()` of the machine that traces the search, and
+    `gpu`: whether it has a GPU; by default, this machine's."""
+    if gpu is None:
+        import tensorflow as tf
 
-    if tf.config.list_physical_devices("GPU"):
+        gpu = bool(tf.config.list_physical_devices("GPU"))
+    if gpu:
         return False
     flags = cpu_flags() if flags is None else flags
     return bool(flags.get("avx2")) and not flags.get("avx512f")

@@ -55,3 +55,14 @@ def translator(model, tokenizer):
     from tests.translation_fixtures import make_translator
 
     return make_translator(model, tokenizer)
+
+
+@pytest.fixture
+def xla_on_cpu(monkeypatch):
+    """The CPU's XLA path, on a machine with a GPU too: the test's ops on the
+    CPU, and `layers.matmul` told there is no accelerator."""
+    from keras_transformer.layers import matmul
+
+    monkeypatch.setattr(matmul, "_has_accelerator", lambda: False)
+    with tf.device("/CPU:0"):
+        yield

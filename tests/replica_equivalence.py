@@ -10,8 +10,10 @@ starts):
         MultiWorkerMirroredStrategy, this process being worker INDEX of the
         cluster; start one process per worker.
     python tests/replica_equivalence.py mirrored_gpu 2 nccl|hierarchical
-        MirroredStrategy over 2 logical GPUs carved from the first GPU, with NCCL
-        or hierarchical-copy all-reduce; the one device is that GPU, TF32 off.
+        MirroredStrategy over 2 GPUs with NCCL all-reduce, or over 2 logical GPUs
+        carved from the first GPU with hierarchical-copy all-reduce (NCCL refuses
+        two replicas on one GPU: "invalid usage", seen on an H200); the one device
+        is the first GPU, TF32 off.
 """
 
 import json
@@ -28,9 +30,10 @@ def make_strategy(mode, args):
         num_replicas, reduce = int(args[0]), args[1]
         # Float32 matmuls in float32: TF32 would round each replica's differently.
         tf.config.experimental.enable_tensor_float_32_execution(False)
-        gpu = tf.config.list_physical_devices("GPU")[0]
-        tf.config.set_logical_device_configuration(
-            gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=2048)] * num_replicas)
+        if reduce == "hierarchical":  # NCCL refuses two replicas on one GPU: it gets one each
+            gpu = tf.config.list_physical_devices("GPU")[0]
+            tf.config.set_logical_device_configuration(
+                gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=2048)] * num_replicas)
         cross_device_ops = {"nccl": tf.distribute.NcclAllReduce,
                             "hierarchical": tf.distribute.HierarchicalCopyAllReduce}[reduce]()
         return tf.distribute.MirroredStrategy(

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import keras_transformer as kt
+from tests import python_path
 from tests.accumulation_equivalence import compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,7 +45,7 @@ def test_one_update_from_n_batches_equals_one_step_on_all_of_them():
 def test_accumulation_under_mirrored_strategy():
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "tests", "accumulation_equivalence.py"), "2"],
-        env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
+        env=dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2"),
         capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr
     check(json.loads(result.stdout.strip().splitlines()[-1]), num_replicas=2)

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from keras_transformer.cli.common import LIBRARY_LOG_LINE
+from tests import python_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,7 +33,7 @@ def test_quality_per_compute_prints_json(tmp_path):
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "quality_per_compute.py"),
                "--corpus", str(tmp_path / "{split}.tsv.gz"), "--cpu-seconds", str(budget),
                "--test-pairs", "10", "--out-dir", str(tmp_path / "out")]
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
@@ -88,7 +89,7 @@ def test_resume_time_prints_json():
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "resume_time.py"),
                "--far-step", "1000", "--repeats", "1", "--no-stream-skip"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900,
-                            env=dict(os.environ, PYTHONPATH=ROOT))
+                            env=dict(os.environ, PYTHONPATH=python_path(ROOT)))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert (report["near"]["step"], report["far"]["step"]) == (10, 1000)
@@ -107,7 +108,7 @@ def test_decode_throughput_prints_json():
                "--repeats", "1", "--uncached-repeats", "1", "--compare-ctranslate2",
                "--precisions", "float32,bfloat16"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900,
-                            env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+                            env=dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["config"]["forced_steps"] == 12 and report["config"]["batch_size"] == 2
@@ -139,7 +140,7 @@ def test_serving_latency_prints_json(tmp_path):
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "serving_latency.py"),
                "--quick", "--out-dir", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900,
-                            env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+                            env=dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report == json.loads((out / "report.json").read_text())
@@ -163,7 +164,7 @@ def test_input_pipeline_prints_json():
                "--split", "dev", "--vocab-size", "600", "--epochs", "2",
                "--tokens-per-batch", "2000", "--max-sentence-tokens", "64", "--deterministic"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900,
-                            env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+                            env=dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["corpus"] == "bundled/dev" and report["pairs"] == 1583
@@ -184,7 +185,7 @@ def test_precision_quality_prints_json(tmp_path, tokenizer, model):
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "precision_quality.py"),
                "--run", str(run), "--limit", "6"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900,
-                            env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+                            env=dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["limit"] == 6 and "avx512_bf16" in report["machine"]
@@ -211,7 +212,7 @@ def test_recipe_curves_prints_json(tmp_path):
                "--curve-points", "2", "--precision", "float32", "--out-dir",
                str(tmp_path / "out"), "--train-flags",
                "--model tiny --vocab-sentences 4000 --max-sentence-tokens 24"]
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = dict(os.environ, PYTHONPATH=python_path(ROOT))
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert not any(LIBRARY_LOG_LINE.match(line.encode())

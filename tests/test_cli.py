@@ -10,6 +10,7 @@ import pytest
 import sacrebleu
 import tensorflow as tf
 
+from tests import python_path
 from tests.translation_fixtures import SENTENCES
 from tests.translation_fixtures import make_model
 from tests.translation_fixtures import make_run_dir
@@ -18,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(script, *args, stdin=None):
-    environment = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    environment = dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
     return subprocess.run(
         [sys.executable, os.path.join(ROOT, script), *map(str, args)],
         input=stdin, capture_output=True, text=True, cwd=ROOT, env=environment,
@@ -402,7 +403,7 @@ def test_xla_max_batch_size_needs_xla(capsys):
 def test_python_dash_m_runs_the_command():
     result = subprocess.run([sys.executable, "-m", "keras_transformer", "export", "--out", "x"],
                             capture_output=True, text=True, cwd=ROOT, timeout=600,
-                            env=dict(os.environ, PYTHONPATH=ROOT))
+                            env=dict(os.environ, PYTHONPATH=python_path(ROOT)))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "python -m keras_transformer export: the following arguments are required: --run "

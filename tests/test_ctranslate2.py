@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from keras_transformer import ctranslate2_model
 from keras_transformer import serving
+from tests import python_path
 from tests.translation_fixtures import SENTENCES
 from tests.translation_fixtures import make_model
 
@@ -71,12 +72,12 @@ def test_same_translations_as_our_beam_search_and_int8_bleu(tmp_path):
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "train.py"), "--model", "cpu-small",
          "--steps", "300", "--time-budget", "60", "--test-sentences", "0", "--out", run],
-        env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=1800)
+        env=dict(os.environ, PYTHONPATH=python_path(ROOT)), capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr
     exported = subprocess.run(
         [sys.executable, os.path.join(ROOT, "export.py"), "--run", run, "--format", "ctranslate2",
          "--quantization", "int8", "--out", str(tmp_path / "int8")],
-        env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=900)
+        env=dict(os.environ, PYTHONPATH=python_path(ROOT)), capture_output=True, text=True, timeout=900)
     assert exported.returncode == 0, exported.stderr
     model, tokenizer, _ = runs.Run(run).load()
     ctranslate2_model.export_ctranslate2(model, tokenizer, str(tmp_path / "float32"))

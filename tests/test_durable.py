@@ -57,6 +57,7 @@ def test_what_killed_writers_left_is_removed(tmp_path):
 _HOLD_LOCK = """
 import sys
 from keras_transformer import durable
+from tests import python_path
 durable.RunLock(sys.argv[1]).acquire()
 print("held", flush=True)
 sys.stdin.read()
@@ -68,7 +69,7 @@ def test_one_trainer_per_run_directory(tmp_path, capsys):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, run], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE,
-                              text=True, env=dict(os.environ, PYTHONPATH=root))
+                              text=True, env=dict(os.environ, PYTHONPATH=python_path(root)))
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(durable.RunLockedError,

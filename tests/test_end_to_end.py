@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from keras_transformer import data
+from tests import python_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = 16
@@ -51,7 +52,7 @@ def write_task(directory, mapping, sizes, seed=0):
 def run(script, *args):
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, script), *map(str, args)],
-        env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
+        env=dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2"),
         capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout

@@ -130,9 +130,13 @@ def test_jit_compile_flag_and_older_runs():
     ({}, False),  # other CPUs: the kernels as Keras keeps them
 ])
 def test_transposed_kernels_for_decoding_only_without_avx512(flags, expected):
-    assert hardware.decoding_transposed_kernels(flags) is expected
-    here = hardware.cpu_flags()
-    assert hardware.decoding_transposed_kernels() is (here["avx2"] and not here["avx512f"])
+    import tensorflow as tf
+
+    assert hardware.decoding_transposed_kernels(flags, gpu=False) is expected
+    assert hardware.decoding_transposed_kernels(flags, gpu=True) is False  # XLA's layouts
+    here, gpu = hardware.cpu_flags(), bool(tf.config.list_physical_devices("GPU"))
+    assert hardware.decoding_transposed_kernels() is (
+        not gpu and here["avx2"] and not here["avx512f"])
 
 
 def test_parallel_searches_one_per_core_without_xla_on_a_cpu():

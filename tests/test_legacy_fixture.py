@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the exported tokenizer's ops)
+from tests import python_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEGACY = os.path.join(ROOT, "tests", "fixtures", "legacy_run")
@@ -84,7 +85,7 @@ def test_translate_reads_the_old_export(expected, tmp_path, monkeypatch, capsys)
 def test_the_old_run_exports_to_the_same_translations(expected, tmp_path):
     """Today's export of the old run directory: the same outputs as the old export."""
     run_dir = shutil.copytree(os.path.join(LEGACY, "run"), tmp_path / "run")
-    environment = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    environment = dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run(
         [sys.executable, "-m", "keras_transformer", "export", "--run", str(run_dir),
          "--out", str(tmp_path / "export"), *EXPORT_FLAGS],

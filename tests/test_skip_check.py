@@ -8,6 +8,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CASES = '''
 import pytest
+from tests import python_path
 
 def test_passes():
     pass
@@ -23,7 +24,7 @@ def test_without_a_dependency():
 
 def pytest_session(tmp_path, variable, *selection):
     (tmp_path / "test_cases.py").write_text(CASES)
-    environment = dict(os.environ, PYTHONPATH=ROOT)
+    environment = dict(os.environ, PYTHONPATH=python_path(ROOT))
     environment.pop("CI_NO_SKIPS", None)
     if variable is not None:
         environment["CI_NO_SKIPS"] = variable

@@ -27,6 +27,7 @@ from keras_transformer import training
 from keras_transformer.cli import train
 from keras_transformer.config import TrainingConfig
 from keras_transformer.config import TransformerConfig
+from tests import python_path
 from tests.test_distributed import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,7 +39,7 @@ QUICK = ["--model", "tiny", "--vocab-size", "600", "--vocab-sentences", "4000",
 
 
 def _train(args, wait=True, capture=False, **environment):
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **environment)
+    env = dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2", **environment)
     command = [sys.executable, os.path.join(ROOT, "train.py"), *args]
     if not wait:
         output = subprocess.PIPE if capture else subprocess.DEVNULL
@@ -281,7 +282,7 @@ def test_killed_run_resumes_like_an_uninterrupted_one(accumulate_steps, tmp_path
     # checkpoint is written: mid-training, however busy the machine.
     killed = subprocess.run(
         [sys.executable, "-c", _KILLED_AFTER_STEP_2, *flags, "--out", interrupted],
-        env=dict(os.environ, PYTHONPATH=ROOT, ROOT=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
+        env=dict(os.environ, PYTHONPATH=python_path(ROOT), ROOT=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
                  **deterministic), capture_output=True, text=True, timeout=900)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert [step for step, _ in runs.Checkpoints(os.path.join(interrupted, "checkpoints")).list()] == [2]
@@ -320,7 +321,7 @@ runpy.run_path(os.path.join(os.environ["ROOT"], "train.py"), run_name="__main__"
 def test_killed_writes_truncated_checkpoints_and_a_second_trainer(tmp_path):
     run = str(tmp_path / "run")
     checkpoints = os.path.join(run, "checkpoints")
-    env = dict(os.environ, PYTHONPATH=ROOT, ROOT=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, PYTHONPATH=python_path(ROOT), ROOT=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     killed = subprocess.run([sys.executable, "-c", _KILLED_INSIDE_A_WRITE, *QUICK, "--out", run],
                             env=env, capture_output=True, text=True, timeout=900)
     assert killed.returncode == 9, killed.stderr
@@ -436,7 +437,7 @@ def test_a_diverged_run_exits_1_with_its_last_good_checkpoint(tmp_path):
     run = str(tmp_path / "run")
     result = subprocess.run(
         [sys.executable, "-c", _POISONED_AFTER_STEP_4, *STEADY, "--out", run],
-        env=dict(os.environ, PYTHONPATH=ROOT, ROOT=ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
+        env=dict(os.environ, PYTHONPATH=python_path(ROOT), ROOT=ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
         capture_output=True, text=True, timeout=900)
     assert result.returncode == 1, result.stderr
     assert "the loss diverged (NaN); the last good checkpoint is in" in result.stderr
@@ -471,7 +472,7 @@ def test_dev_bleu_in_the_logs_equals_evaluate_py(tmp_path):
         [sys.executable, os.path.join(ROOT, "evaluate.py"), "--run", run, "--weights", "final",
          "--test", "bundled", "--split", "dev", "--limit", "32", "--json", "--no-progress",
          "--output", hypotheses_path],
-        env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=900)
+        env=dict(os.environ, PYTHONPATH=python_path(ROOT)), capture_output=True, text=True, timeout=900)
     assert evaluated.returncode == 0, evaluated.stderr
     with open(hypotheses_path, encoding="utf-8") as f:
         hypotheses = f.read().split("\n")[:-1]
@@ -526,7 +527,7 @@ def test_main_job_end_to_end(tmp_path):
     for name in ("config.json", "averaged.weights.h5", "model.keras", "vocab"):
         assert os.path.exists(os.path.join(run, name)), name
 
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
 
     def script(name, *args, stdin=None):
         result = subprocess.run([sys.executable, os.path.join(ROOT, name), *args], env=env,
@@ -549,7 +550,7 @@ def test_a_second_run_loads_what_xla_compiled(tmp_path):
     """--compilation-cache: the second run of the same shapes loads the compiled
     training and dev steps instead of compiling them (TensorFlow's own log says so)."""
     cache = tmp_path / "xla"
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="0",
+    env = dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="0",
                TF_CPP_VMODULE="device_executable_persistor=3")
     env.pop("TF_XLA_FLAGS", None)
     loads = []
@@ -576,7 +577,13 @@ def test_pairs_left_out_for_their_length_are_counted_before_training(tokenizer, 
 
 def test_ctrl_c_says_where_the_run_resumes_without_a_stack(tmp_path):
     run = str(tmp_path / "run")
-    process = _train([*QUICK, "--steps", "100000", "--out", run], wait=False, capture=True)
+    # Ctrl-C's default action in the run, even where this suite was started in
+    # the background, whose jobs inherit SIGINT ignored.
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "train.py"), *QUICK, "--steps", "100000", "--out", run],
+        env=dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in process.stdout:  # the first checkpoint is written before its progress line
         if line.startswith("step 2/"):
             break

@@ -19,6 +19,7 @@ import machine  # noqa: E402
 import train_throughput  # noqa: E402
 
 from keras_transformer.config import TransformerConfig  # noqa: E402
+from tests import python_path  # noqa: E402
 
 # The tiny preset with a 300-id vocabulary: 2 + 2 layers, d_model 64, 4 heads, d_ff 256.
 # Shared embedding 300 x 64; per attention 4 projections of 64 x 64 and a bias of 64;
@@ -31,7 +32,7 @@ TINY_300_PARAMETERS = (300 * 64
 
 def run_script(*arguments, timeout=600):
     command = [sys.executable, *arguments]
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout)
@@ -174,7 +175,7 @@ def run_torch_code(code):
     prelude = f"import json, sys; sys.path.insert(0, {BENCHMARKS!r}); import torch\n"
     result = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
                             capture_output=True, text=True, timeout=300,
-                            env=dict(os.environ, PYTHONPATH=ROOT))
+                            env=dict(os.environ, PYTHONPATH=python_path(ROOT)))
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 

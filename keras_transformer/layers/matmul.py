@@ -94,9 +94,12 @@ def _under_xla():
 
 def _under_xla_on_cpu():
     """Whether this is being traced for XLA (`jit_compile=True`) with no GPU or TPU."""
-    if not _under_xla():
-        return False
-    return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+    return _under_xla() and not _has_accelerator()
+
+
+def _has_accelerator():
+    """Whether this process sees a GPU or TPU, where XLA's own layouts are kept."""
+    return bool(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
 
 
 @tf.custom_gradient

@@ -64,7 +64,7 @@ def _plain_product(dot):
 
 
 @pytest.mark.parametrize("input_size,output_size", [(96, 32), (32, 96)])
-def test_xla_kernel_gradient_multiplies_plain_operands(input_size, output_size):
+def test_xla_kernel_gradient_multiplies_plain_operands(input_size, output_size, xla_on_cpu):
     """The point of the module: the kernel gradient is no transposed-operand dot."""
     rng = np.random.default_rng(2)
     x, kernel, bias = _weights(rng, (4, 64, input_size), (input_size, output_size))
@@ -80,7 +80,7 @@ def test_xla_kernel_gradient_multiplies_plain_operands(input_size, output_size):
     assert _plain_product(dots[0]), dots[0]
 
 
-def test_custom_gradient_only_under_xla():
+def test_custom_gradient_only_under_xla(xla_on_cpu):
     seen = {}
 
     def probe(tag):

@@ -107,7 +107,7 @@ def _model_gradients(model, inputs, targets):
     return [g.numpy() for g in gradients(inputs, targets)]
 
 
-def test_model_gradients_under_xla_equal_with_the_fast_path_off(monkeypatch):
+def test_model_gradients_under_xla_equal_with_the_fast_path_off(monkeypatch, xla_on_cpu):
     config = TransformerConfig.tiny(vocab_size=40, num_layers=1, d_model=32, d_ff=48,
                                     num_heads=2, dropout_rate=0.0)
     model = build_transformer(config)
