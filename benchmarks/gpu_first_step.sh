@@ -7,7 +7,7 @@
 #   xla_warm   XLA, the same cache again
 #   graph      no XLA (tracing and TensorFlow's own kernels)
 #   xla_noat   XLA without GEMM autotuning (--xla_gpu_autotune_level=0), another empty cache
-# Each leaves its JSON under $OUT; the cache's listing goes to $OUT/cache.txt.
+# Each leaves its JSON under $OUT (their stderr in stderr.log); the cache's listing goes to cache.txt.
 set -u
 out=${OUT:?}
 if [ -d /tmp/stage ] && [ ! -e /tmp/tfenv.sh ]; then  # the GPU machine, staged
@@ -21,7 +21,7 @@ cache() { echo "--tf_xla_persistent_cache_directory=$1 --tf_xla_persistent_cache
 mkdir -p /tmp/c1/autotune /tmp/c2
 run() {  # name, seconds, --xla on|off, then the environment's assignments
   local name=$1 seconds=$2 xla=$3; shift 3
-  env "$@" timeout "$seconds" $bench --xla "$xla" > "$out/$name.json" 2> "$out/$name.err"
+  env "$@" timeout "$seconds" $bench --xla "$xla" > "$out/$name.json" 2>> "$out/stderr.log"
   python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['results'][0]; print(sys.argv[2], r['first_steps_seconds'], r['seconds_per_step'], r['target_tokens_per_second'], r.get('mfu'))" "$out/$name.json" "$name" 2>/dev/null || echo "$name: no result"
 }
 run xla_cold 110 on TF_XLA_FLAGS="$(cache /tmp/c1)" XLA_FLAGS=--xla_gpu_per_fusion_autotune_cache_dir=/tmp/c1/autotune
