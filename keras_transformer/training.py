@@ -71,6 +71,25 @@ def compile_for_training(model, label_smoothing=0.1, warmup_steps=4000, learning
     return schedule
 
 
+# TensorFlow names each traced function "__inference_<name>_<n>", n from one
+# process-wide counter, and its persistent XLA cache (`--compilation-cache`) finds
+# a compiled program by that name. A resumed run reaches its first step having
+# traced other functions than a fresh one (it reads its vocabulary instead of
+# learning it), so its names, and the cache's keys, would all differ.
+FUNCTION_COUNTER_BLOCK = 1 << 20
+
+
+def align_function_names(block=FUNCTION_COUNTER_BLOCK):
+    """Moves TensorFlow's function counter to the next multiple of `block`, so
+    that the training and dev steps traced next get the same names in every run
+    that traces them the same way, whatever came before (a fraction of a second)."""
+    from tensorflow.python.framework import ops
+
+    current = ops.uid()
+    for _ in range(-current % block):
+        ops.uid()
+
+
 def fit_by_checkpoints(model, batches, dev_batches, step, last_step, checkpoint_every,
                        planned_steps, callbacks, stop=lambda: False, budgeted=False,
                        accumulate_steps=1):

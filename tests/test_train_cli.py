@@ -546,22 +546,26 @@ def test_main_job_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_second_run_loads_what_xla_compiled(tmp_path):
-    """--compilation-cache: the second run of the same shapes loads the compiled
-    training and dev steps instead of compiling them (TensorFlow's own log says so)."""
+def test_a_second_run_and_a_resumed_one_load_what_xla_compiled(tmp_path):
+    """--compilation-cache: another run of the same shapes, and a resumed run,
+    load the compiled training and dev steps instead of compiling them
+    (TensorFlow's own log says so). The resumed one reads its vocabulary where
+    the first learned it, so it traced other functions first: without
+    `training.align_function_names` its steps' names, the cache's keys, differ."""
     cache = tmp_path / "xla"
     env = dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="0",
                TF_CPP_VMODULE="device_executable_persistor=3")
     env.pop("TF_XLA_FLAGS", None)
     loads = []
-    for run in ("first", "second"):
-        command = [sys.executable, os.path.join(ROOT, "train.py"), *QUICK, "--steps", "2",
+    for run, steps in (("first", 2), ("second", 2), ("first", 4)):
+        command = [sys.executable, os.path.join(ROOT, "train.py"), *QUICK, "--steps", str(steps),
                    "--jit-compile", "--compilation-cache", str(cache), "--verbose",
                    "--out", str(tmp_path / run)]
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         assert result.returncode == 0, result.stderr[-3000:]
         loads.append(result.stderr.count("Loading cached entry"))
-    assert loads[0] == 0 and loads[1] >= 2, loads  # the training step and the dev step
+    # The training step (the first shape's and the relaxed one) and the dev step.
+    assert loads[0] == 0 and loads[1] >= 2 and loads[2] >= 2, loads
     assert len(list(cache.glob("xla_compile_cache_*.pb"))) >= 2
 
 

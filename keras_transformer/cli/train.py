@@ -288,6 +288,8 @@ def fit(model, train_batches, dev_batches, step, max_steps, config, callbacks, c
     `max_steps`, or with a budget until the clock says stop."""
     from keras_transformer import training
 
+    if config.jit_compile == "on" and config.compilation_cache:
+        training.align_function_names()
     return training.fit_by_checkpoints(
         model, lambda step: train_batches.dataset(step, config.accumulate_steps), dev_batches,
         step, max_steps, config.checkpoint_every, config.steps, callbacks,
