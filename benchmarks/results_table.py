@@ -27,7 +27,7 @@ FILE_NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})-(.+)\.json$")
 # The figures a row shows, by key, in this order, wherever they sit in the report
 # (dotted path shown); at most MAX_FIGURES of them.
 HEADLINE_FIELDS = (
-    "bleu", "sacrebleu", "sentences_per_second", "seconds_per_batch", "seconds_per_step",
+    "first_step_seconds", "first_steps_seconds", "bleu", "sacrebleu", "sentences_per_second", "seconds_per_batch", "seconds_per_step",
     "target_tokens_per_second", "tokens_per_second", "pairs_per_second", "mfu",
     "speedup_over_torch", "ratio", "p50_ms", "p95_ms",
 )
@@ -58,6 +58,9 @@ def machine(report):
             break
     else:
         cpu = {}
+    gpu = report.get("gpu")  # benchmarks/gpu_training.py: nvidia-smi's reading
+    if isinstance(gpu, dict) and gpu.get("nvidia_smi_name"):
+        return gpu["nvidia_smi_name"]
     device = report.get("device") or report.get("machine", {}).get("device")
     if isinstance(device, dict):
         name = device.get("name") or device.get("device_name") or ""
@@ -71,7 +74,8 @@ def machine(report):
 
 def headline_figures(report):
     """`path = value` for the first `MAX_FIGURES` numbers found under a key of
-    `HEADLINE_FIELDS`, searched breadth first (a top-level figure before a nested one)."""
+    `HEADLINE_FIELDS`, searched breadth first (a top-level figure before a nested
+    one; in a list of runs, the first run)."""
     found = {}
     level = [("", report)]
     while level:
@@ -86,6 +90,8 @@ def headline_figures(report):
                     found[key] = (path, value)
                 elif isinstance(value, dict):
                     deeper.append((path + ".", value))
+                elif isinstance(value, list) and value and isinstance(value[0], dict):
+                    deeper.append((path + "[0].", value[0]))  # a list of runs: the first
         level = deeper
     ordered = [found[key] for key in HEADLINE_FIELDS if key in found][:MAX_FIGURES]
     return ", ".join(f"{path} = {value:g}" for path, value in ordered) or "(none)"

@@ -229,3 +229,30 @@ def test_recipe_curves_prints_json(tmp_path):
     assert all(0 <= point["bleu"] <= 100 for point in record["curve"])
     assert {"avx2", "avx512f"} <= set(report["cpu_flags"])
 
+
+
+@pytest.mark.slow
+def test_gpu_training_reads_the_runs_as_their_logs_say(tmp_path):
+    """benchmarks/gpu_training.py on a CPU with a tiny model: a cold run that ends,
+    then the same command (a resume with nothing left to train)."""
+    import csv
+    import statistics
+
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "gpu_training.py"),
+               "--model", "tiny", "--vocab-size", "500", "--tokens-per-batch", "1000",
+               "--steps", "60", "--checkpoint-every", "20", "--cold-seconds", "300",
+               "--warm-seconds", "120", "--torch-steps", "0", "--work-dir", str(tmp_path)]
+    env = dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    cold, warm = report["cold"], report["warm"]
+    assert cold["returncode"] == 0 and cold["stopped_after_seconds"] is None
+    assert 0 < cold["first_step_seconds"] <= cold["progress"][0]["seconds"]
+    assert [item["line"].split()[1] for item in cold["progress"]] == ["20/60", "40/60", "60/60"]
+    assert cold["shapes"] and 0 < cold["padding"]["target"] < 1
+    assert any(line.startswith("Resuming ") for line in warm["summary"])
+    with open(tmp_path / "run" / "log.csv") as f:
+        rates = [float(row["target_tokens_per_second"]) for row in csv.DictReader(f)]
+    assert len(rates) == 3 and report["intervals"]["warm"] == []
+    assert report["sustained_target_tokens_per_second"] == statistics.median(rates[1:])

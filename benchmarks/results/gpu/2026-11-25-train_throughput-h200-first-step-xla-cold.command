@@ -1,0 +1,1 @@
+TF_XLA_FLAGS="--tf_xla_persistent_cache_directory=/tmp/c1 --tf_xla_persistent_cache_device_types=CPU,GPU,TPU" XLA_FLAGS=--xla_gpu_per_fusion_autotune_cache_dir=/tmp/c1/autotune python3 benchmarks/train_throughput.py --model base --vocab-size 8000 --batch-size 520 --length 48 --precisions mixed_bfloat16 --warmup-steps 1 --steps 10 --xla on
