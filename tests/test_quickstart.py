@@ -1,6 +1,7 @@
-"""scripts/quickstart.sh itself, as README.md tells a new user to run it, with a
-half-minute training budget: its four steps, their messages, and nothing else on
-the terminal (no TensorFlow start-up logs, no warnings)."""
+"""scripts/quickstart.sh itself, exactly as README.md tells a new user to run it
+(8 minutes of training): its four steps, their messages, nothing else on the
+terminal (no TensorFlow start-up logs, no warnings), and a model that translates:
+samples that do not loop and a sacreBLEU far from a broken run's."""
 
 import os
 import re
@@ -10,6 +11,28 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLES = 3  # the sentences quickstart.sh translates
+# The goal is 20 on every CPU kind (issue 31; measured 21.6 to 24.7 on four kinds).
+# CI's CPU kind is not known in advance, so the floor leaves it room; a run that
+# learned nothing scores about 1 ("Y los hijos de los hijos de los hijos ...").
+MIN_BLEU = 17.0
+
+
+def loops(sentence, times=3):
+    """Whether some run of 1 to 4 words comes `times` times in a row."""
+    words = sentence.split()
+    for n in range(1, 5):
+        for start in range(len(words) - n * times + 1):
+            if all(words[start:start + n] == words[start + k * n:start + (k + 1) * n]
+                   for k in range(1, times)):
+                return True
+    return False
+
+
+def test_loops_finds_a_repeated_phrase_and_not_a_repeated_word_apart():
+    assert loops("Y los hijos de los hijos de los hijos de Israel")
+    assert loops("Y si si si no")
+    assert not loops("Ciertamente tu prójimo como tu prójimo;")
+    assert not loops("En el principio, oh Dios, y los cielos y la tierra.")
 
 
 @pytest.mark.slow
@@ -17,9 +40,8 @@ def test_the_quickstart_runs_end_to_end_and_prints_only_its_messages(tmp_path):
     environment = {key: value for key, value in os.environ.items()
                    if not key.startswith(("TF_", "KERAS_"))}  # as a new user's shell
     environment.update(RUN_DIR=str(tmp_path / "run"), EXPORT_DIR=str(tmp_path / "export"))
-    result = subprocess.run(
-        ["bash", os.path.join(ROOT, "scripts", "quickstart.sh"), "--time-budget", "0.5"],
-        capture_output=True, text=True, env=environment, timeout=1200)
+    result = subprocess.run(["bash", os.path.join(ROOT, "scripts", "quickstart.sh")],
+                            capture_output=True, text=True, env=environment, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout.splitlines()
 
@@ -27,15 +49,15 @@ def test_the_quickstart_runs_end_to_end_and_prints_only_its_messages(tmp_path):
     assert [out[i][:6] for i in headers] == ["== 1/4", "== 2/4", "== 3/4", "== 4/4"], out
     training = out[headers[0] + 1:headers[1]]
     assert training[0].startswith("Training on CPU") and any(
-        line.startswith("Recipe for 0.5 minutes on this CPU") for line in training), training
+        line.startswith("Recipe for 8 minutes on this CPU") for line in training), training
     assert any(re.match(r"Where the [\d.]+ minutes went: start-up ", line)
                for line in training), training
     translations = out[headers[2] + 1:headers[3]]
-    # One line per sentence; half a minute of training on a slow CPU may translate
-    # to nothing yet, so the words are the end-to-end tests' to check.
     assert len(translations) == SAMPLES, out
+    assert all(line.strip() for line in translations) and not any(map(loops, translations)), \
+        translations
     bleu = re.fullmatch(r"sacreBLEU: BLEU = (\d+\.\d\d) .*", out[headers[3] + 1])
-    assert bleu and 0.0 <= float(bleu.group(1)) <= 100.0, out[headers[3]:]
+    assert bleu and float(bleu.group(1)) >= MIN_BLEU, out
     assert re.fullmatch(r"500 sentences in [\d.]+ s \([\d.]+ sentences/s\)", out[-1]), out[-1]
     assert os.path.exists(tmp_path / "export" / "1" / "saved_model.pb")
 
