@@ -167,6 +167,13 @@ def measure_cpu_matmuls(flags):
     return {dtype: matmul_flops_per_second(dtype) for dtype in dtypes}
 
 
+def uses_measured_matmuls(config):
+    """Whether training with `config` (a `TrainingConfig`) needs a CPU's matrix
+    multiplies measured: for a time budget's recipe, or for `--precision auto`
+    unless XLA is asked for (a CPU then gets float32 whatever they measure)."""
+    return bool(config.time_budget or (config.precision == AUTO and config.jit_compile != "on"))
+
+
 def cpu_device(measure_matmuls=True):
     """The `Device` of this CPU, its matrix multiplies measured if `measure_matmuls`."""
     flags = cpu_flags()

@@ -149,3 +149,14 @@ def test_parallel_searches_one_per_core_without_xla_on_a_cpu():
     assert hardware.decoding_parallel_searches(False) == (
         min(hardware.available_cores(), 16) if on_cpu else 1)
     assert hardware.available_cores() == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("settings, measured", [
+    ({}, True),                                           # --precision auto, --jit-compile auto
+    ({"jit_compile": "on"}, False),                       # XLA: float32 on a CPU, no probe
+    ({"precision": "float32"}, False),                    # nothing left to choose
+    ({"precision": "float32", "time_budget": 8.0}, True),  # the budget's recipe needs it
+    ({"jit_compile": "on", "time_budget": 8.0}, True),
+])
+def test_the_cpu_is_measured_only_where_its_figures_are_used(settings, measured):
+    assert hardware.uses_measured_matmuls(TrainingConfig(**settings)) is measured

@@ -179,7 +179,6 @@ def configure(args, fields, model_overrides, explicit):
     from keras_transformer import recipes
     from keras_transformer import run_configs
     from keras_transformer import training
-    from keras_transformer.config import AUTO
 
     config, model_config, saved = run_configs.resolve_configs(
         args.out, fields, explicit, model_overrides, args.model_config)
@@ -187,12 +186,9 @@ def configure(args, fields, model_overrides, explicit):
     # happen before TensorFlow runs anything.
     strategy = distributed.make_strategy(config.strategy, tpu=args.tpu)
     # "auto" settings fit the device: XLA, bfloat16 and few batch shapes on accelerators;
-    # on a CPU, bfloat16 where its measured product pays, and the budget's recipe. Measured
-    # only where used: with XLA asked for, float32 on a CPU, and the probe's products
-    # before a run's first compilation kept it from loading that from --compilation-cache
-    # (tests/test_train_cli.py::test_a_second_run_loads_what_xla_compiled).
-    device = hardware.detect(strategy, measure_matmuls=bool(
-        config.time_budget or (config.precision == AUTO and config.jit_compile != "on")))
+    # on a CPU, bfloat16 where its measured product pays, and the budget's recipe; the
+    # products are measured only where used (about a second).
+    device = hardware.detect(strategy, measure_matmuls=hardware.uses_measured_matmuls(config))
     config, device_line = hardware.resolve(config, device)
     print(device_line, flush=True)
     keras.utils.set_random_seed(config.seed)
