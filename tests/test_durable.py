@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from keras_transformer import durable
+from tests import python_path
 
 
 def test_a_file_is_whole_or_absent_and_temporaries_carry_the_pid(tmp_path):
@@ -57,7 +58,6 @@ def test_what_killed_writers_left_is_removed(tmp_path):
 _HOLD_LOCK = """
 import sys
 from keras_transformer import durable
-from tests import python_path
 durable.RunLock(sys.argv[1]).acquire()
 print("held", flush=True)
 sys.stdin.read()

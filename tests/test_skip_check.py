@@ -4,11 +4,12 @@ import os
 import subprocess
 import sys
 
+from tests import python_path
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CASES = '''
 import pytest
-from tests import python_path
 
 def test_passes():
     pass
