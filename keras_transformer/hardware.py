@@ -84,16 +84,33 @@ class Device:
         extensions = [name for name in ("avx512f", "avx512_bf16", "amx_bf16")
                       if self.cpu_flags.get(name)] or (["avx2"] if self.cpu_flags.get("avx2")
                                                        else [])
+        limit = self.cpu_flags.get("onednn_max_cpu_isa")
+        if limit:
+            extensions.append(f"held to ONEDNN_MAX_CPU_ISA={limit}")
         return (f"CPU ({self.cpu_flags.get('model_name') or platform.processor()}, "
                 f"{self.cpu_flags.get('cpus')} cores{', ' if extensions else ''}"
                 f"{', '.join(extensions)})")
 
 
-def cpu_flags():
-    """The CPU's model, cores and matrix-multiply extensions, from /proc/cpuinfo."""
+# What oneDNN may use under each `ONEDNN_MAX_CPU_ISA` (oneDNN's documented values):
+# the extensions of `cpu_flags` it leaves out. Values not listed (ALL, DEFAULT, the
+# AMX ones) leave out none.
+_LEFT_OUT_BY_ISA_LIMIT = {
+    **dict.fromkeys(("SSE41", "AVX"), ("avx2", "avx512f", "avx512_bf16", "amx")),
+    **dict.fromkeys(("AVX2", "AVX2_VNNI", "AVX2_VNNI_2"), ("avx512f", "avx512_bf16", "amx")),
+    **dict.fromkeys(("AVX512_CORE", "AVX512_CORE_VNNI"), ("avx512_bf16", "amx")),
+    **dict.fromkeys(("AVX512_CORE_BF16", "AVX512_CORE_FP16"), ("amx",)),
+}
+
+
+def cpu_flags(environ=None, cpuinfo="/proc/cpuinfo"):
+    """The CPU's model, cores and matrix-multiply extensions, from `cpuinfo`,
+    less those that `ONEDNN_MAX_CPU_ISA` in `environ` (by default, this process's
+    environment) keeps oneDNN from using: held to AVX2, an AVX-512 CPU is chosen
+    for as an AVX2 one (precision, kernel layout), and the limit is recorded."""
     flags, model = set(), ""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(cpuinfo) as f:
             for line in f:
                 key, _, value = line.partition(":")
                 if key.strip() == "flags" and not flags:
@@ -102,7 +119,13 @@ def cpu_flags():
                     model = value.strip()
     except OSError:
         pass
-    return {
+    environ = os.environ if environ is None else environ
+    limit = environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    left_out = _LEFT_OUT_BY_ISA_LIMIT.get(limit, ())
+    if "amx" in left_out:
+        flags = {flag for flag in flags if not flag.startswith("amx")}
+    flags -= set(left_out)
+    result = {
         "model_name": model or platform.processor(),
         "cpus": os.cpu_count(),
         "avx2": "avx2" in flags,
@@ -112,6 +135,9 @@ def cpu_flags():
         "amx_bf16": "amx_bf16" in flags,
         "amx_flags": sorted(flag for flag in flags if flag.startswith("amx")),
     }
+    if limit:
+        result["onednn_max_cpu_isa"] = limit
+    return result
 
 
 def has_bfloat16_instructions(flags):

@@ -63,6 +63,12 @@ def test_the_line_says_what_auto_chose():
         "Training on CPU (Intel Xeon, 2 cores, avx512f, avx512_bf16): --precision float32, "
         "--jit-compile off (auto; bfloat16 matrix multiplies at 170 GFLOP/s, float32 at 350: "
         "bfloat16 does not pay on this CPU)")
+    held = hardware.Device("cpu", cpu_flags={**AVX2.cpu_flags, "model_name": "Intel Xeon",
+                                             "onednn_max_cpu_isa": "AVX2"},
+                           matmul_flops=AVX2.matmul_flops)
+    assert chosen(held)[1].startswith(
+        "Training on CPU (Intel Xeon, 2 cores, avx2, held to ONEDNN_MAX_CPU_ISA=AVX2): "
+        "--precision float32")
     assert chosen(AMX)[1].endswith(
         "--precision mixed_bfloat16, --jit-compile off (auto; bfloat16 matrix multiplies at "
         "1323 GFLOP/s, float32 at 329)")
@@ -160,3 +166,33 @@ def test_parallel_searches_one_per_core_without_xla_on_a_cpu():
 ])
 def test_the_cpu_is_measured_only_where_its_figures_are_used(settings, measured):
     assert hardware.uses_measured_matmuls(TrainingConfig(**settings)) is measured
+
+
+SAPPHIRE_RAPIDS_FLAGS = ("fpu sse4_1 avx avx2 fma avx512f avx512bw avx512_vnni avx512_bf16 "
+                         "amx_bf16 amx_tile amx_int8")
+
+
+@pytest.mark.parametrize("limit, extensions", [
+    ("", {"avx2", "avx512f", "avx512_bf16", "amx", "amx_bf16"}),
+    ("ALL", {"avx2", "avx512f", "avx512_bf16", "amx", "amx_bf16"}),
+    ("avx512_core_amx", {"avx2", "avx512f", "avx512_bf16", "amx", "amx_bf16"}),
+    ("AVX512_CORE_BF16", {"avx2", "avx512f", "avx512_bf16"}),
+    ("AVX512_CORE", {"avx2", "avx512f"}),
+    ("AVX2", {"avx2"}),
+    ("AVX", set()),
+])
+def test_flags_are_what_onednn_may_use(tmp_path, limit, extensions):
+    """Held by ONEDNN_MAX_CPU_ISA (the AVX2-only CPU's stand-in), an AMX Xeon is
+    chosen for as the CPU oneDNN is told it is, and the limit is recorded."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"model name\t: Intel Xeon\nflags\t\t: {SAPPHIRE_RAPIDS_FLAGS}\n"
+                       f"\nmodel name\t: Intel Xeon\nflags\t\t: {SAPPHIRE_RAPIDS_FLAGS}\n")
+    environ = {"ONEDNN_MAX_CPU_ISA": limit} if limit else {}
+    flags = hardware.cpu_flags(environ, cpuinfo=str(cpuinfo))
+    assert {name for name in ("avx2", "avx512f", "avx512_bf16", "amx", "amx_bf16")
+            if flags[name]} == extensions
+    assert flags["amx_flags"] == (["amx_bf16", "amx_int8", "amx_tile"] if "amx" in extensions
+                                  else [])
+    assert flags.get("onednn_max_cpu_isa") == (limit.upper() or None)
+    assert hardware.decoding_transposed_kernels(flags, gpu=False) is (limit == "AVX2")
+    assert hardware.has_bfloat16_instructions(flags) is ("avx512_bf16" in extensions)
