@@ -30,6 +30,8 @@ HEADLINE_FIELDS = (
     "first_step_seconds", "first_steps_seconds", "bleu", "sacrebleu", "sentences_per_second", "seconds_per_batch", "seconds_per_step",
     "target_tokens_per_second", "tokens_per_second", "pairs_per_second", "mfu",
     "speedup_over_torch", "ratio", "p50_ms", "p95_ms",
+    "graph_over_ctranslate2_float32", "best_ours_graph_over_ctranslate2_int8",
+    "step_speedup_onednn_int8", "step_speedup_xla_int8",
 )
 MAX_FIGURES = 6
 CPU_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
@@ -68,8 +70,10 @@ def machine(report):
             return name
     if not cpu:
         return "not recorded"
-    extensions = [flag for flag in CPU_EXTENSIONS if cpu.get(flag)]
-    return f"{cpu['model_name']}, {cpu.get('cpus')} CPUs ({', '.join(extensions) or 'no AVX2'})"
+    extensions = [flag for flag in CPU_EXTENSIONS if cpu.get(flag)] or ["no AVX2"]
+    if cpu.get("onednn_max_cpu_isa"):
+        extensions.append(f"held to ONEDNN_MAX_CPU_ISA={cpu['onednn_max_cpu_isa']}")
+    return f"{cpu['model_name']}, {cpu.get('cpus')} CPUs ({', '.join(extensions)})"
 
 
 def headline_figures(report):

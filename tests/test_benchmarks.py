@@ -159,6 +159,31 @@ def test_serving_latency_prints_json(tmp_path):
 
 
 @pytest.mark.slow
+def test_int8_matmul_prints_json():
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "int8_matmul.py"),
+               "--rows", "4", "--d-model", "32", "--d-ff", "64", "--vocab-size", "100",
+               "--layers", "2", "--repeats", "1", "--min-seconds", "0.01"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                            env=dict(os.environ, PYTHONPATH=python_path(ROOT)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    shapes = [(product["shape"], product["per_step"]) for product in report["products"]]
+    assert shapes == [([4, 32, 96], 2), ([4, 32, 32], 4), ([4, 32, 32], 2), ([4, 32, 64], 2),
+                      ([4, 64, 32], 2), ([4, 32, 100], 1)]
+    for product in report["products"]:
+        for variant in ("onednn_int8", "xla_int8"):
+            # Per-tensor int8 of Gaussian operands: about 1% off float32. A lost
+            # shift (the bias's 128 column sums) or scale is off by far more.
+            assert 0 < product[variant]["relative_error"] < 0.03, product
+            assert product[variant]["seconds"] > 0
+    float32 = sum(p["float32_seconds"] * p["per_step"] for p in report["products"])
+    assert abs(report["step_seconds"]["float32"] - float32) < 1e-5
+    assert report["step_speedup_onednn_int8"] == pytest.approx(
+        report["step_seconds"]["float32"] / report["step_seconds"]["onednn_int8"], rel=1e-2)
+    assert "avx512_bf16" in report["machine"] and report["machine"]["tf_enable_onednn_opts"]
+    assert "cuda" not in result.stderr.lower(), result.stderr[-2000:]
+
+
 def test_input_pipeline_prints_json():
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "input_pipeline.py"),
                "--split", "dev", "--vocab-size", "600", "--epochs", "2",

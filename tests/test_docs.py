@@ -179,6 +179,19 @@ def test_results_table_renders_a_report(tmp_path):
     assert "gpu: NVIDIA H100 80GB HBM3" in lines[2]
     assert "`python benchmarks/train_throughput.py --model base`" in lines[2]
     assert "results.ours.seconds_per_step = 0.057, results.ours.mfu = 0.18" in lines[2]
+    # A CPU held to AVX2 (a stand-in) says so, beside the ratios a decode report leads with.
+    (tmp_path / "cpu").mkdir()
+    report = {"benchmark": "decode_throughput",
+              "machine": {"model_name": "Intel Xeon", "cpus": 2, "avx2": True,
+                          "onednn_max_cpu_isa": "AVX2"},
+              "graph": {"seconds_per_batch": 4.16, "all_seconds": [4.3, 4.16]},
+              "over_ctranslate2": {"graph_over_ctranslate2_float32": 1.0}}
+    (tmp_path / "cpu" / "2026-12-02-decode.json").write_text(__import__("json").dumps(report))
+    (tmp_path / "cpu" / "2026-12-02-decode.command").write_text("python decode\n")
+    line = results_table.table(str(tmp_path)).splitlines()[3]
+    assert "cpu: Intel Xeon, 2 CPUs (avx2, held to ONEDNN_MAX_CPU_ISA=AVX2)" in line
+    assert ("graph.seconds_per_batch = 4.16, "
+            "over_ctranslate2.graph_over_ctranslate2_float32 = 1" in line), line
 
 
 def test_the_readme_is_short_and_holds_the_quickstart_transcript():
