@@ -135,9 +135,11 @@ def plot(report, path):
     for axes in (by_steps, by_cpu):
         axes.grid(alpha=0.3)
         axes.legend(title="vocabulary/batch tokens/dropout", fontsize=8)
+    cpu = report["cpu_flags"]
+    limit = (f", held to ONEDNN_MAX_CPU_ISA={cpu['onednn_max_cpu_isa']}"
+             if cpu.get("onednn_max_cpu_isa") else "")
     figure.suptitle(f"{report['minutes']:g}-minute budget, {report['precision']}, "
-                    f"CPUs {report['cpus'] or 'all'} ({report['cpu_flags']['model_name']})",
-                    fontsize=10)
+                    f"CPUs {report['cpus'] or 'all'} ({cpu['model_name']}{limit})", fontsize=10)
     figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)
 
