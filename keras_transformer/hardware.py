@@ -104,7 +104,8 @@ _LEFT_OUT_BY_ISA_LIMIT = {
 
 
 def cpu_flags(environ=None, cpuinfo="/proc/cpuinfo"):
-    """The CPU's model, cores and matrix-multiply extensions, from `cpuinfo`,
+    """The CPU's model, the cores this process may run on (`available_cores`:
+    one under `taskset -c 0`) and its matrix-multiply extensions, from `cpuinfo`,
     less those that `ONEDNN_MAX_CPU_ISA` in `environ` (by default, this process's
     environment) keeps oneDNN from using: held to AVX2, an AVX-512 CPU is chosen
     for as an AVX2 one (precision, kernel layout), and the limit is recorded."""
@@ -127,7 +128,7 @@ def cpu_flags(environ=None, cpuinfo="/proc/cpuinfo"):
     flags -= set(left_out)
     result = {
         "model_name": model or platform.processor(),
-        "cpus": os.cpu_count(),
+        "cpus": available_cores(),
         "avx2": "avx2" in flags,
         "avx512f": "avx512f" in flags,
         "avx512_bf16": "avx512_bf16" in flags,

@@ -1,8 +1,9 @@
 """`--precision auto` and `--jit-compile auto`: the settings chosen for each device."""
 
 import dataclasses
-
 import os
+import subprocess
+import sys
 
 import pytest
 import tensorflow as tf
@@ -10,6 +11,9 @@ import tensorflow as tf
 from keras_transformer import hardware
 from keras_transformer.cli.common import add_config_flags
 from keras_transformer.config import TrainingConfig
+from tests import python_path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 H100 = hardware.Device("gpu", count=8, name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0))
 V100 = hardware.Device("gpu", name="Tesla V100-SXM2-16GB", compute_capability=(7, 0))
@@ -196,3 +200,15 @@ def test_flags_are_what_onednn_may_use(tmp_path, limit, extensions):
     assert flags.get("onednn_max_cpu_isa") == (limit.upper() or None)
     assert hardware.decoding_transposed_kernels(flags, gpu=False) is (limit == "AVX2")
     assert hardware.has_bfloat16_instructions(flags) is ("avx512_bf16" in extensions)
+    assert flags["model_name"] == "Intel Xeon" and flags["cpus"] == hardware.available_cores()
+
+
+def test_the_cores_are_those_the_process_may_run_on():
+    """Pinned to one core (as by `taskset -c 0`), the first line says 1 core, not
+    the machine's count."""
+    script = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+              "from keras_transformer import hardware; print(hardware.cpu_flags()['cpus'])")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120, env=dict(os.environ, PYTHONPATH=python_path(ROOT)))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "1"
