@@ -88,7 +88,8 @@ class Device:
         if limit:
             extensions.append(f"held to ONEDNN_MAX_CPU_ISA={limit}")
         return (f"CPU ({self.cpu_flags.get('model_name') or platform.processor()}, "
-                f"{self.cpu_flags.get('cpus')} cores{', ' if extensions else ''}"
+                f"{self.cpu_flags.get('cpus')} core{'s' * (self.cpu_flags.get('cpus') != 1)}"
+                f"{', ' if extensions else ''}"
                 f"{', '.join(extensions)})")
 
 

@@ -73,6 +73,9 @@ def test_the_line_says_what_auto_chose():
     assert chosen(held)[1].startswith(
         "Training on CPU (Intel Xeon, 2 cores, avx2, held to ONEDNN_MAX_CPU_ISA=AVX2): "
         "--precision float32")
+    one_core = dataclasses.replace(AVX2, cpu_flags={**AVX2.cpu_flags, "cpus": 1})
+    assert chosen(one_core, precision="float32")[1] == (
+        "Training on CPU (AMD EPYC, 1 core, avx2): --jit-compile off (auto)")
     assert chosen(AMX)[1].endswith(
         "--precision mixed_bfloat16, --jit-compile off (auto; bfloat16 matrix multiplies at "
         "1323 GFLOP/s, float32 at 329)")
