@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The package's own reading of /proc/cpuinfo (it picks --precision auto by it);
 # imports no TensorFlow.
 from keras_transformer.hardware import cpu_flags  # noqa: E402,F401
+from keras_transformer.hardware import isa_limit  # noqa: E402,F401
 
 
 # The flag of every benchmark that quiets the libraries (`quiet_libraries`).

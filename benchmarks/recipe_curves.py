@@ -25,6 +25,7 @@ import subprocess
 import sys
 
 from machine import cpu_flags
+from machine import isa_limit
 from machine import quiet_libraries
 import reporting
 
@@ -136,10 +137,10 @@ def plot(report, path):
         axes.grid(alpha=0.3)
         axes.legend(title="vocabulary/batch tokens/dropout", fontsize=8)
     cpu = report["cpu_flags"]
-    limit = (f", held to ONEDNN_MAX_CPU_ISA={cpu['onednn_max_cpu_isa']}"
-             if cpu.get("onednn_max_cpu_isa") else "")
+    limit = isa_limit(cpu)
     figure.suptitle(f"{report['minutes']:g}-minute budget, {report['precision']}, "
-                    f"CPUs {report['cpus'] or 'all'} ({cpu['model_name']}{limit})", fontsize=10)
+                    f"CPUs {report['cpus'] or 'all'} ({cpu['model_name']}"
+                    f"{', ' + limit if limit else ''})", fontsize=10)
     figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)
 

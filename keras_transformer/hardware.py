@@ -84,12 +84,10 @@ class Device:
         extensions = [name for name in ("avx512f", "avx512_bf16", "amx_bf16")
                       if self.cpu_flags.get(name)] or (["avx2"] if self.cpu_flags.get("avx2")
                                                        else [])
-        limit = self.cpu_flags.get("onednn_max_cpu_isa")
-        if limit:
-            extensions.append(f"held to ONEDNN_MAX_CPU_ISA={limit}")
+        extensions += filter(None, [isa_limit(self.cpu_flags)])
+        cpus = self.cpu_flags.get("cpus")
         return (f"CPU ({self.cpu_flags.get('model_name') or platform.processor()}, "
-                f"{self.cpu_flags.get('cpus')} core{'s' * (self.cpu_flags.get('cpus') != 1)}"
-                f"{', ' if extensions else ''}"
+                f"{cpus} core{'s' * (cpus != 1)}{', ' if extensions else ''}"
                 f"{', '.join(extensions)})")
 
 
@@ -140,6 +138,15 @@ def cpu_flags(environ=None, cpuinfo="/proc/cpuinfo"):
     if limit:
         result["onednn_max_cpu_isa"] = limit
     return result
+
+
+def isa_limit(flags):
+    """The words "held to ONEDNN_MAX_CPU_ISA=..." where `flags` (`cpu_flags()`)
+    were read under that limit, else None: for train's first line and the
+    benchmarks' plots (benchmarks/results_table.py, standard library only, spells
+    them itself)."""
+    limit = flags.get("onednn_max_cpu_isa")
+    return f"held to ONEDNN_MAX_CPU_ISA={limit}" if limit else None
 
 
 def has_bfloat16_instructions(flags):
