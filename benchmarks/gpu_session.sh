@@ -5,11 +5,18 @@
 #
 #   bash benchmarks/gpu_session.sh
 #
-# It installs, then runs the fast tests on 6 of the 16 cores in the background while
-# benchmarks/gpu_training.py (the paper's recipe with `keras-transformer train`, cold and warm,
-# and PyTorch on the same card) runs on the other 10, and leaves the logs and the JSON report
-# under $OUT (7 files). The tests' load can slow the cold run's compilation a little; the
-# sustained rate is read after they end. Seconds: TEST_SECONDS, COLD_SECONDS, WARM_SECONDS.
+# 1. One training step of the base model at a real batch shape (520 x 48, vocabulary 8000,
+#    mixed_bfloat16, XLA; benchmarks/train_throughput.py) in two fresh processes, each with
+#    an empty compile cache: cuBLAS for every GEMM (--xla_gpu_enable_triton_gemm=false, as
+#    train.py sets it) and XLA's own default (Triton GEMMs autotuned beside cuBLAS): the
+#    first step's seconds (the compilation) and the step's. Files step_cublas.json and
+#    step_triton.json.
+# 2. benchmarks/gpu_training.py: the paper's recipe with `keras-transformer train`, cold and
+#    warm, and PyTorch compiled on the same card (gpu_training.json, train_cold.log,
+#    train_warm.log).
+# 3. With TEST_SECONDS > 0 (default 0), the fast tests on 6 of the 16 cores beside step 2.
+# install.log holds nvidia-smi's reading; stderr.log the benchmarks' stderr.
+# Seconds: STEP_SECONDS, COLD_SECONDS, WARM_SECONDS, TORCH_SECONDS, TEST_SECONDS.
 set -u
 out=${OUT:?set OUT to the folder the files go to}
 bash .gpu/stage.sh > "$out/install.log" && bash .gpu/install.sh >> "$out/install.log" 2>&1 \
@@ -17,22 +24,41 @@ bash .gpu/stage.sh > "$out/install.log" && bash .gpu/install.sh >> "$out/install
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site2 \
   .whl/*.whl >> "$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
 . /tmp/tfenv.sh
-export PYTHONPATH=$PYTHONPATH:/tmp/site2 TF_FORCE_GPU_ALLOW_GROWTH=true
-nvidia-smi > "$out/nvidia-smi.txt" 2>&1
+export PYTHONPATH=$PYTHONPATH:/tmp/site2 TF_FORCE_GPU_ALLOW_GROWTH=true PYTHONUNBUFFERED=1
 tail -1 "$out/install.log"
+nvidia-smi >> "$out/install.log" 2>&1
 on_cores() { if command -v taskset > /dev/null; then taskset -c "$@"; else shift; "$@"; fi; }
+started=$SECONDS
 
-(on_cores 10-15 timeout "${TEST_SECONDS:-330}" python3 -m pytest -q -m "not slow" -n 6 \
-   -p no:cacheprovider --ignore=tests/test_ctranslate2.py --durations=15 > "$out/tests.log" 2>&1
- echo "pytest exit status $?" >> "$out/tests.log") &
-on_cores 0-9 python3 benchmarks/gpu_training.py --cold-seconds "${COLD_SECONDS:-200}" \
-  --warm-seconds "${WARM_SECONDS:-100}" --log-dir "$out" --work-dir /tmp/gpu_training \
-  > "$out/gpu_training.json" 2> "$out/gpu_training.err"
-echo "gpu_training.py exit status $?"
+cache_flags() { echo "--tf_xla_persistent_cache_directory=$1 --tf_xla_persistent_cache_device_types=CPU,GPU,TPU"; }
+step() {  # name, then XLA_FLAGS beyond the autotune cache's
+  local name=$1 dir=/tmp/step_$1; shift
+  mkdir -p "$dir/autotune"
+  TF_XLA_FLAGS="$(cache_flags "$dir")" \
+  XLA_FLAGS="--xla_gpu_per_fusion_autotune_cache_dir=$dir/autotune $*" \
+    timeout "${STEP_SECONDS:-130}" python3 benchmarks/train_throughput.py --model base \
+    --vocab-size 8000 --batch-size 520 --length 48 --precisions mixed_bfloat16 --xla on \
+    --warmup-steps 1 --steps 30 > "$out/step_$name.json" 2>> "$out/stderr.log"
+  python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['results'][0]; print(sys.argv[2], r['first_steps_seconds'], r['seconds_per_step'], r.get('mfu_datasheet', r.get('mfu')))" \
+    "$out/step_$name.json" "$name" 2> /dev/null || echo "$name: no result"
+}
+step cublas  # what train.py and train_throughput.py set (cli/common.XLA_GPU_FLAGS)
+step triton --xla_gpu_enable_triton_gemm=true  # XLA's own default
+echo "steps done at $((SECONDS - started)) s"
+
+if [ "${TEST_SECONDS:-0}" -gt 0 ]; then
+  (on_cores 10-15 timeout "$TEST_SECONDS" python3 -m pytest -q -m "not slow" -n 6 \
+     -p no:cacheprovider --ignore=tests/test_ctranslate2.py > "$out/tests.log" 2>&1
+   echo "pytest exit status $?" >> "$out/tests.log") &
+fi
+on_cores 0-9 python3 benchmarks/gpu_training.py \
+  --cold-seconds "${COLD_SECONDS:-170}" --warm-seconds "${WARM_SECONDS:-60}" \
+  --torch-seconds "${TORCH_SECONDS:-100}" --log-dir "$out" --work-dir /tmp/gpu_training \
+  > "$out/gpu_training.json" 2>> "$out/stderr.log"
+echo "gpu_training.py exit status $? at $((SECONDS - started)) s"
 wait
-grep -E "passed|failed|error|exit status" "$out/tests.log" | tail -4
-grep -E "^FAILED|^ERROR" "$out/tests.log" | head -40
-python3 - "$out/gpu_training.json" <<'EOF'
+[ -e "$out/tests.log" ] && grep -E "passed|failed|error|exit status|^FAILED|^ERROR" "$out/tests.log" | tail -30
+python3 - "$out/gpu_training.json" <<'PY'
 import json, sys
 try:
     report = json.load(open(sys.argv[1]))
@@ -41,14 +67,14 @@ except ValueError:
 for part in ("cold", "warm"):
     run = report[part]
     print(part, {k: run.get(k) for k in ("first_step_seconds", "seconds", "returncode")})
-    print("  ", run.get("first_line", "")[:200])
-    for item in run.get("progress", [])[:12]:
-        print("  ", item["seconds"], item["line"])
+    for item in run.get("progress", [])[:8]:
+        print("  ", item["seconds"], item["line"][:150])
     for line in run.get("summary", []):
-        print("  ", line)
-print({k: report.get(k) for k in ("sustained_target_tokens_per_second", "sustained_intervals",
-                                  "mfu_bf16_datasheet", "ours_over_torch", "torch_shape")})
+        print("  ", line[:300])
+print({k: report.get(k) for k in ("xla_flags", "sustained_target_tokens_per_second",
+                                  "sustained_intervals", "mfu_bf16_datasheet",
+                                  "ours_over_torch", "torch_shape")})
 torch = report.get("torch", {})
 print("torch:", torch.get("error", "")[:600] or [(r["mode"], r.get("target_tokens_per_second"),
-      r.get("first_steps_seconds")) for r in torch.get("results", [])])
-EOF
+      r.get("first_steps_seconds"), r.get("seconds_per_step")) for r in torch.get("results", [])])
+PY

@@ -93,9 +93,20 @@ def run_train(flags, seconds, log_path):
             report["padding"] = {"source": float(source) / 100, "target": float(target) / 100}
         elif text.startswith("step "):
             report.setdefault("progress", []).append({"seconds": at, "line": text})
+        elif text.startswith(("Step ", "The first dev pass")):  # XLA compilations' pauses
+            report.setdefault("compilations", []).append({"seconds": at, "line": text})
         elif text.startswith(("Where the", "Trained ", "Resuming ")):
             report.setdefault("summary", []).append(text)
     return report
+
+
+def train_xla_flags():
+    """The XLA_FLAGS that train runs with (besides its compile cache's)."""
+    from keras_transformer.cli.common import use_xla_gpu_flags
+
+    environ = dict(os.environ)
+    use_xla_gpu_flags(environ)
+    return environ["XLA_FLAGS"]
 
 
 def logged_intervals(run_dir):
@@ -149,7 +160,8 @@ def main():
              "--steps", str(args.steps), "--checkpoint-every", str(args.checkpoint_every),
              "--test-sentences", "0", "--compilation-cache", cache, "--out", run_dir]
     report = {"benchmark": "gpu_training", "date": time.strftime("%Y-%m-%d"),
-              "command": " ".join(sys.argv), "machine": cpu_flags(), "gpu": nvidia_smi()}
+              "command": " ".join(sys.argv), "machine": cpu_flags(), "gpu": nvidia_smi(),
+              "xla_flags": train_xla_flags()}
     report["cold"] = run_train(flags, args.cold_seconds, os.path.join(logs, "train_cold.log"))
     cold_rows = logged_intervals(run_dir)
     report["warm"] = run_train(flags, args.warm_seconds, os.path.join(logs, "train_warm.log"))

@@ -66,6 +66,10 @@ from machine import mfu_fields  # noqa: E402
 from machine import tensorflow_device  # noqa: E402
 from machine import tensorflow_peaks  # noqa: E402
 
+from keras_transformer.cli.common import use_xla_gpu_flags  # noqa: E402
+
+use_xla_gpu_flags()  # as train.py: XLA's GEMMs from cuBLAS on a GPU (XLA_FLAGS overrides)
+
 # Our precision -> torch_transformer.py's, for speedup_over_torch.
 TORCH_PRECISIONS = {"float32": "float32", "mixed_bfloat16": "bf16"}
 
@@ -432,6 +436,7 @@ def main():
         "device": device,
         "machine": cpu_flags(),
         "tf_cpu_allocator_use_bfc": os.environ["TF_CPU_ALLOCATOR_USE_BFC"],
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "peaks": {path: {kind: peak and {"flops": round(peak["flops"]), "source": peak["source"]}
                          for kind, peak in sources.items()} for path, sources in peaks.items()},

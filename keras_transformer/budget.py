@@ -237,33 +237,85 @@ class TimeAccount(keras.callbacks.Callback):
 class ProgressLine(keras.callbacks.Callback):
     """One line per epoch (checkpoint interval) for a person: the step, the
     training and dev loss, the learning rate, the target tokens a second and the
-    time so far.
+    time so far; and, where XLA compiles the step, a line for each pause of a
+    compilation, so that a GPU's first minutes are not silent.
 
     Args:
         steps: the steps planned in all (shown as "step 250/1000").
         clock: the run's `TrainingClock`, for the time and the budget.
         stream: where to print (stdout).
+        compiled_shapes: how many batch shapes XLA compiles the training step for,
+            once each as it first comes (0: no XLA).
     """
 
-    def __init__(self, steps, clock, stream=None):
+    # A step this much slower than the fastest one, and at least these seconds,
+    # compiled (on a GPU a step takes tens of milliseconds, a compilation tens of seconds).
+    COMPILATION_FACTOR = 10
+    COMPILATION_SECONDS = 5.0
+
+    def __init__(self, steps, clock, stream=None, compiled_shapes=0):
         super().__init__()
         self.steps = steps
         self.clock = clock
         self.stream = stream or sys.stdout
+        self.compiled_shapes = compiled_shapes
         self._first_step_told = False
+        self._step_start = None
+        self._fastest_step = math.inf
+        self._compilations = 1  # the first step's
+        self._dev_start = None
+        self._dev_passes = 0
+
+    def _say(self, text):
+        print(text, file=self.stream, flush=True)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._step_start = time.monotonic()
 
     def on_train_batch_end(self, batch, logs=None):
         """Says once how long the command took to its first step (building the
         graph and, with XLA, compiling it): minutes on a GPU, where a user would
         otherwise wait with nothing on the screen. A budgeted run timed its first
-        steps before `fit`, and says nothing here."""
-        if self._first_step_told or self.clock.budget_seconds is not None:
+        steps before `fit`, and says nothing here. Later, a step that paused to
+        compile another batch shape says so."""
+        now = time.monotonic()
+        seconds, self._step_start = (None if self._step_start is None
+                                     else now - self._step_start), None
+        if not self._first_step_told:
+            self._first_step_told = True
+            if self.clock.budget_seconds is None:
+                self._say(f"First step done {now - self.clock.wall_start:.0f} s after the "
+                          "command started (building the model's graph and compiling it "
+                          "included)." + self._shapes_to_come())
             return
-        self._first_step_told = True
-        seconds = time.monotonic() - self.clock.wall_start
-        print(f"First step done {seconds:.0f} s after the command started "
-              "(building the model's graph and compiling it included).",
-              file=self.stream, flush=True)
+        if seconds is None:
+            return
+        if (self.compiled_shapes and seconds >= self.COMPILATION_SECONDS
+                and seconds >= self.COMPILATION_FACTOR * self._fastest_step):
+            self._compilations += 1
+            step = int(self.model.optimizer.iterations.numpy()) if self.model else batch + 1
+            self._say(f"Step {step} took {seconds:.0f} s: XLA compiled the step for another "
+                      f"batch shape ({min(self._compilations, self.compiled_shapes)} of "
+                      f"{self.compiled_shapes}).")
+        self._fastest_step = min(self._fastest_step, seconds)
+
+    def _shapes_to_come(self):
+        if self.compiled_shapes <= 1:
+            return ""
+        return (f" XLA compiles the step once more for each of the other "
+                f"{self.compiled_shapes - 1} batch shapes when it first comes, and the dev "
+                "step at the first dev pass: each a pause, once a run.")
+
+    def on_test_begin(self, logs=None):
+        self._dev_start = time.monotonic()
+
+    def on_test_end(self, logs=None):
+        self._dev_passes += 1
+        if self._dev_passes == 1 and self.compiled_shapes and self._dev_start is not None:
+            seconds = time.monotonic() - self._dev_start
+            if seconds >= self.COMPILATION_SECONDS:
+                self._say(f"The first dev pass took {seconds:.0f} s, its XLA compilations "
+                          "included (once a run).")
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}

@@ -356,7 +356,8 @@ class BleuEvaluation(keras.callbacks.Callback):
         logs["bleu"] = float(evaluation.evaluate(translator, self.pairs)["bleu"])
 
 
-def run_callbacks(run, config, clock, chief=True, tokenizer=None, dev_pairs=None):
+def run_callbacks(run, config, clock, chief=True, tokenizer=None, dev_pairs=None,
+                  compiled_shapes=0):
     """The callbacks of a `train.py` run, in order: stop on NaN, checkpoint,
     learning rate, the clock, dev BLEU every `config.bleu_every` steps (chief
     only, with `tokenizer` and `dev_pairs`), the progress line, and on the chief
@@ -364,6 +365,8 @@ def run_callbacks(run, config, clock, chief=True, tokenizer=None, dev_pairs=None
 
     Args:
         run: the `runs.Run` (or its directory) that the checkpoints and logs go to.
+        compiled_shapes: the batch shapes XLA compiles the step for (0: no XLA),
+            for the progress line's word on each compilation.
     """
     run = runs.Run(run) if isinstance(run, (str, os.PathLike)) else run
     callbacks = [
@@ -377,7 +380,7 @@ def run_callbacks(run, config, clock, chief=True, tokenizer=None, dev_pairs=None
                  for pair in dev_pairs.take(config.bleu_sentences).as_numpy_iterator()]
         every_epochs = max(1, round(config.bleu_every / config.checkpoint_every))
         callbacks.append(BleuEvaluation(tokenizer, pairs, every_epochs))
-    callbacks.append(ProgressLine(config.steps, clock))
+    callbacks.append(ProgressLine(config.steps, clock, compiled_shapes=compiled_shapes))
     if chief:
         callbacks += [
             keras.callbacks.TensorBoard(run.tensorboard_dir),

@@ -133,6 +133,45 @@ def test_the_first_step_is_told_once_counted_from_the_command(monkeypatch, budge
     assert stream.getvalue() == ("" if budget_seconds else told)
 
 
+def test_each_pause_of_an_xla_compilation_is_told(monkeypatch):
+    """A GPU run compiles the step once per batch shape as each first comes:
+    seconds-long pauses between steps of milliseconds, each told, and the first
+    dev pass's; a steady step, or a run without XLA, says nothing."""
+    import io
+
+    now = [1000.0]
+    monkeypatch.setattr(budget.time, "monotonic", lambda: now[0])
+    clock = budget.TrainingClock(None, start=0.0, wall_start=934.0)
+
+    def run(compiled_shapes, step_seconds, dev_seconds):
+        now[0] = 1000.0
+        stream = io.StringIO()
+        progress = budget.ProgressLine(1000, clock, stream, compiled_shapes=compiled_shapes)
+        for batch, seconds in enumerate(step_seconds):
+            progress.on_train_batch_begin(batch)
+            now[0] += seconds
+            progress.on_train_batch_end(batch)
+        for seconds in dev_seconds:
+            progress.on_test_begin()
+            now[0] += seconds
+            progress.on_test_end()
+        return stream.getvalue().splitlines()
+
+    steps = [66.0, 0.04, 0.04, 31.0, 0.04, 0.3, 29.5, 0.04]
+    lines = run(7, steps, [48.0, 0.5])
+    assert lines == [
+        "First step done 132 s after the command started (building the model's graph and "
+        "compiling it included). XLA compiles the step once more for each of the other 6 "
+        "batch shapes when it first comes, and the dev step at the first dev pass: each a "
+        "pause, once a run.",
+        "Step 4 took 31 s: XLA compiled the step for another batch shape (2 of 7).",
+        "Step 7 took 30 s: XLA compiled the step for another batch shape (3 of 7).",
+        "The first dev pass took 48 s, its XLA compilations included (once a run)."], lines
+    assert run(0, steps, [48.0]) == [lines[0].split(" XLA")[0]]
+    # CPU steps of seconds: a longer one is no compilation.
+    assert run(7, [20.0, 3.0, 6.0, 4.0], [])[1:] == []
+
+
 def test_training_batches_have_no_autotuning_thread(tokenizer):
     from keras_transformer import data
 

@@ -114,6 +114,22 @@ def test_bad_flags_and_paths_give_one_line(args, message, tmp_path, capsys):
     assert not os.path.exists(tmp_path / "run")  # refused before writing anything
 
 
+@pytest.mark.parametrize("flags, expected", [
+    ("", "--xla_gpu_enable_triton_gemm=false"),
+    ("--xla_dump_to=/tmp/hlo", "--xla_dump_to=/tmp/hlo --xla_gpu_enable_triton_gemm=false"),
+    ("--xla_gpu_enable_triton_gemm=true", "--xla_gpu_enable_triton_gemm=true"),
+])
+def test_train_has_xla_take_gemms_from_cublas_unless_told(flags, expected, tmp_path,
+                                                           monkeypatch):
+    """What a GPU run compiles with: cuBLAS for every matrix product (faster to
+    compile and to run, benchmarks/results/gpu/2026-11-26-train_throughput-h200-*),
+    set before TensorFlow reads XLA_FLAGS; a user's own setting stays."""
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    assert train.main(["--init-from", "nowhere", "--compilation-cache", "",
+                       "--out", str(tmp_path / "run"), "--verbose"]) == 2
+    assert os.environ["XLA_FLAGS"] == expected
+
+
 def test_bad_flag_type_gives_one_line_from_a_quiet_process(tmp_path):
     """As a user runs it: no TensorFlow start-up lines, one line naming the flag."""
     result = _train(["--steps", "many", "--out", str(tmp_path / "run")])

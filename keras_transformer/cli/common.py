@@ -92,6 +92,25 @@ def parallel_searches(export=None, run=None):
 DECODING_ENVIRONMENT = {"TF_ENABLE_ONEDNN_OPTS": "1", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS": "1"}
 
 
+# XLA on a GPU weighs GEMM kernels of its own (Triton) against cuBLAS for each matrix
+# product of a training step, compiling and timing the candidates. On an H200 the base
+# model's step (520 x 48 tokens, mixed_bfloat16) with cuBLAS alone compiled in 0.65x
+# the time and ran in 0.89x (benchmarks/results/gpu/2026-11-26-train_throughput-h200-*).
+XLA_GPU_FLAGS = {"--xla_gpu_enable_triton_gemm": "false"}
+
+
+def use_xla_gpu_flags(environ=None):
+    """Adds `XLA_GPU_FLAGS` to XLA_FLAGS in `environ` (os.environ), each one the
+    flags do not name already, before TensorFlow starts (it reads them once).
+    A CPU ignores them."""
+    environ = os.environ if environ is None else environ
+    flags = environ.get("XLA_FLAGS", "")
+    for name, value in XLA_GPU_FLAGS.items():
+        if f"{name}=" not in flags:
+            flags = f"{flags} {name}={value}".strip()
+    environ["XLA_FLAGS"] = flags
+
+
 def use_compilation_cache(directory):
     """Keeps what XLA compiles in `directory` (created), for later processes:
     TensorFlow's persistent cache of compiled programs (every device type) and,

@@ -26,6 +26,7 @@ from keras_transformer.cli.common import corpus_source
 from keras_transformer.cli.common import corpus_splits
 from keras_transformer.cli.common import quiet_libraries
 from keras_transformer.cli.common import use_compilation_cache
+from keras_transformer.cli.common import use_xla_gpu_flags
 
 # The budget counts from here: imports, the vocabulary, graph building and compilation.
 # CPU time counts from the process's start, as `time.process_time()` and log.csv's
@@ -83,6 +84,7 @@ def main(argv=None, prog=PROG):
         quiet_libraries()
     args, fields, model_overrides, explicit = parse_args(argv, prog)
     use_compilation_cache(args.compilation_cache)  # read when TensorFlow starts
+    use_xla_gpu_flags()
     try:
         return run(args, fields, model_overrides, explicit, prog)
     except (ValueError, FileNotFoundError) as error:
@@ -150,7 +152,9 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
         account.mark("timing steps")
 
     # === Fit: an epoch is a checkpoint interval ===
-    callbacks = [*training.run_callbacks(run_dir, config, clock, chief, tokenizer, dev_pairs),
+    compiled_shapes = len(train_batches.shapes) if config.jit_compile == "on" else 0
+    callbacks = [*training.run_callbacks(run_dir, config, clock, chief, tokenizer, dev_pairs,
+                                         compiled_shapes),
                  account]
     losses, step = fit(model, train_batches, dev_batches, step, max_steps, config, callbacks, clock)
     if not ended_well(losses, callbacks, account, run_dir, prog):

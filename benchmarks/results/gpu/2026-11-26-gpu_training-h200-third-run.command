@@ -1,0 +1,1 @@
+XLA_FLAGS=--xla_gpu_enable_triton_gemm=false python3 benchmarks/gpu_training.py --cold-seconds 190 --warm-seconds 5 --torch-steps 0 --log-dir $OUT --work-dir /tmp/gpu_training  # right after 2026-11-26-gpu_training-h200 on the same machine: a third run of the same command, its compile cache holding what the first two compiled

@@ -1,0 +1,1 @@
+XLA_FLAGS=--xla_gpu_enable_triton_gemm=false python3 benchmarks/gpu_training.py --cold-seconds 190 --warm-seconds 70 --torch-seconds 90 --log-dir $OUT --work-dir /tmp/gpu_training  # STEP_SECONDS=120 COLD_SECONDS=190 WARM_SECONDS=70 TORCH_SECONDS=90 bash benchmarks/gpu_session.sh (its version of 2026-11-26 06:00), after the two step runs
