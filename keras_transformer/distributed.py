@@ -109,7 +109,8 @@ def require_same_on_all_workers(strategy, value, what):
 class MultiWorkerModel(keras.Model):
     """A `keras.Model` whose `fit` and `evaluate` also run under a
     `MultiWorkerMirroredStrategy` spanning several workers (Keras 3.x fails there
-    on dict inputs and on scalar logs; see the two methods)."""
+    on dict inputs and on scalar logs; see the two methods), and on one device
+    trace the training step once (see `_maybe_symbolic_build`)."""
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Before the first step, Keras 3 (TensorFlow trainer) learns the batch's
@@ -119,8 +120,17 @@ class MultiWorkerModel(keras.Model):
         # keras-team/keras#20329). One local replica's batch has the same structure
         # and dtypes, which is all the symbolic build reads.
         strategy = self._distribute_strategy
-        if strategy is None or iterator is None:
+        dataset = getattr(iterator, "_distributed_dataset", None)  # Keras's TFEpochIterator
+        if iterator is None or dataset is None:
             return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+        if strategy is None:
+            # One device (the default strategy): Keras leaves the optimizer's slots
+            # and the metrics' state to the first trace of the step, and a trace
+            # that creates variables is traced again without them: the base model's
+            # training step traced twice, 15 s each on a 2-core CPU, at every start
+            # and resume. The dataset's spec builds them first, reading no batch.
+            self._symbolic_build(data_batch=dataset.element_spec)
+            return
         for _, _, batches in iterator:
             data_batch = tf.nest.map_structure(
                 lambda value: strategy.experimental_local_results(value)[0], next(batches)

@@ -184,6 +184,20 @@ def test_int8_matmul_prints_json():
     assert "cuda" not in result.stderr.lower(), result.stderr[-2000:]
 
 
+def test_first_fit_prints_json():
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "first_fit.py"),
+               "--model", "tiny", "--vocab-size", "300", "--steps", "2"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900,
+                            env=dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["first_fit_seconds"] > report["seconds_per_step"] > 0
+    # Traced once, with Adam's slots already there (1 + 2 per trainable variable).
+    assert report["train_step_traces"] == 1
+    assert report["optimizer_variables_at_each_trace"][0] > 1
+    assert "avx512_bf16" in report["machine"]
+
+
 def test_input_pipeline_prints_json():
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "input_pipeline.py"),
                "--split", "dev", "--vocab-size", "600", "--epochs", "2",

@@ -1,0 +1,1 @@
+python benchmarks/first_fit.py --xla on
