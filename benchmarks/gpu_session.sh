@@ -16,7 +16,7 @@
 #    train_warm.log).
 # 3. With TEST_SECONDS > 0 (default 0), the fast tests on 6 of the 16 cores beside step 2.
 # install.log holds nvidia-smi's reading; stderr.log the benchmarks' stderr.
-# Seconds: STEP_SECONDS, COLD_SECONDS, WARM_SECONDS, TORCH_SECONDS, TEST_SECONDS.
+# Seconds: STEP_SECONDS (0: no step 1), COLD_SECONDS, WARM_SECONDS, TORCH_SECONDS, TEST_SECONDS.
 set -u
 out=${OUT:?set OUT to the folder the files go to}
 bash .gpu/stage.sh > "$out/install.log" && bash .gpu/install.sh >> "$out/install.log" 2>&1 \
@@ -42,9 +42,11 @@ step() {  # name, then XLA_FLAGS beyond the autotune cache's
   python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['results'][0]; print(sys.argv[2], r['first_steps_seconds'], r['seconds_per_step'], r.get('mfu_datasheet', r.get('mfu')))" \
     "$out/step_$name.json" "$name" 2> /dev/null || echo "$name: no result"
 }
-step cublas  # what train.py and train_throughput.py set (cli/common.XLA_GPU_FLAGS)
-step triton --xla_gpu_enable_triton_gemm=true  # XLA's own default
-echo "steps done at $((SECONDS - started)) s"
+if [ "${STEP_SECONDS:-130}" -gt 0 ]; then  # STEP_SECONDS=0: straight to the train runs
+  step cublas  # what train.py and train_throughput.py set (cli/common.XLA_GPU_FLAGS)
+  step triton --xla_gpu_enable_triton_gemm=true  # XLA's own default
+  echo "steps done at $((SECONDS - started)) s"
+fi
 
 if [ "${TEST_SECONDS:-0}" -gt 0 ]; then
   (on_cores 10-15 timeout "$TEST_SECONDS" python3 -m pytest -q -m "not slow" -n 6 \
