@@ -120,17 +120,22 @@ class MultiWorkerModel(keras.Model):
         # keras-team/keras#20329). One local replica's batch has the same structure
         # and dtypes, which is all the symbolic build reads.
         strategy = self._distribute_strategy
-        dataset = getattr(iterator, "_distributed_dataset", None)  # Keras's TFEpochIterator
-        if iterator is None or dataset is None:
-            return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
         if strategy is None:
             # One device (the default strategy): Keras leaves the optimizer's slots
             # and the metrics' state to the first trace of the step, and a trace
             # that creates variables is traced again without them: the base model's
             # training step traced twice, 15 s each on a 2-core CPU, at every start
-            # and resume. The dataset's spec builds them first, reading no batch.
-            self._symbolic_build(data_batch=dataset.element_spec)
+            # and resume. The batch (`train_on_batch`) or the dataset's spec (`fit`,
+            # `evaluate`: Keras's TFEpochIterator; no batch read) builds them first.
+            if data_batch is None:
+                dataset = getattr(iterator, "_distributed_dataset", None)
+                if dataset is None:
+                    return super()._maybe_symbolic_build(iterator=iterator)
+                data_batch = dataset.element_spec
+            self._symbolic_build(data_batch=data_batch)
             return
+        if iterator is None:
+            return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
         for _, _, batches in iterator:
             data_batch = tf.nest.map_structure(
                 lambda value: strategy.experimental_local_results(value)[0], next(batches)

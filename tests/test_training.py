@@ -273,3 +273,11 @@ def test_the_training_and_dev_steps_are_traced_once(monkeypatch):
     model.fit(batches, steps_per_epoch=2, epochs=2, validation_data=batches.take(2), verbose=0)
     slots = 1 + 2 * len(model.trainable_variables)  # the step count, Adam's two moments
     assert traced == {"train": [slots], "test": [slots]}, traced
+    # `train_on_batch` too (benchmarks/train_throughput.py steps with it).
+    model = kt.build_transformer(kt.TransformerConfig.tiny(30, d_model=16, d_ff=32))
+    training.compile_for_training(model, warmup_steps=10)
+    traced["train"].clear()
+    inputs, targets = next(iter(batches))
+    model.train_on_batch(inputs, targets)
+    model.train_on_batch(inputs, targets)
+    assert traced["train"] == [slots], traced
