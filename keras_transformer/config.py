@@ -275,6 +275,11 @@ class TrainingConfig:
         bleu_every: steps between dev BLEU evaluations (a multiple of
             checkpoint_every; 0: never).
         bleu_sentences: size of the dev subset that BLEU is computed on.
+        alpha_sentences: dev sentences on which, when training ends, the length
+            penalty alpha of the run's translations is chosen (Sec. 6.1: on the
+            development set): the paper's 0.6, then 0.8, 1.0 and 1.2 while
+            sacreBLEU rises (`evaluation.choose_alpha`); exports, translate and
+            evaluate of the run take it unless given --alpha. 0: the paper's 0.6.
         test_sentences: test sentences translated for the final BLEU (0: no
             final evaluation).
         strategy: "auto", "one_device", "mirrored", "multi_worker" or "tpu".
@@ -317,6 +322,7 @@ class TrainingConfig:
     average_last: int = 5
     bleu_every: int = 0
     bleu_sentences: int = 100
+    alpha_sentences: int = 200
     test_sentences: int = 500
     strategy: str = "auto"
     precision: str = AUTO
@@ -335,7 +341,8 @@ class TrainingConfig:
         for name in positive:
             value = getattr(self, name)
             _require(name, value, value >= 1, "must be >= 1", "TrainingConfig")
-        for name in ("bleu_every", "test_sentences", "seed", "time_budget", "length_buckets"):
+        for name in ("bleu_every", "alpha_sentences", "test_sentences", "seed", "time_budget",
+                     "length_buckets"):
             value = getattr(self, name)
             _require(name, value, value >= 0, "must be >= 0", "TrainingConfig")
         _require("learning_rate_scale", self.learning_rate_scale,

@@ -20,10 +20,14 @@ def translator_from_run(run_dir, weights="averaged", config=None, **settings):
         run_dir: the directory `keras-transformer train` wrote.
         weights: "averaged" (the paper's average of the last checkpoints) or
             "final" (the last step's model); see `runs.Run.load`.
-        config: the `DecodingConfig` (default: the paper's decoding).
+        config: the `DecodingConfig` (default: the paper's decoding with the
+            length penalty the run chose on its dev set, `runs.Run.decoding_settings`).
         **settings: `DecodingConfig` fields that replace the config's.
     """
-    model, tokenizer, _ = runs.Run(run_dir).load(weights)
+    run = runs.Run(run_dir)
+    model, tokenizer, _ = run.load(weights)
+    if config is None:
+        settings = {**run.decoding_settings(), **settings}
     return serving.Translator(model, tokenizer, config, **settings)
 
 

@@ -7,6 +7,8 @@
                               each, ckpt-<step>.rng.npy (dropout's random state)
     RUN/logs/, RUN/log.csv    TensorBoard and CSV logs, one row per checkpoint
     RUN/averaged.weights.h5   the average of the last checkpoints (Sec. 6.1)
+    RUN/decoding.json         {"alpha": the length penalty chosen on dev pairs when
+                               training ended, "dev_bleu": {alpha: sacreBLEU}, "sentences"}
     RUN/model.keras           the final model, compiled, with its optimizer
     RUN/.lock                 names the trainer writing the run (`durable.RunLock`)
 
@@ -38,6 +40,7 @@ CHECKPOINTS = "checkpoints"
 TENSORBOARD_LOGS = "logs"
 CSV_LOG = "log.csv"
 AVERAGED_WEIGHTS = "averaged.weights.h5"
+DECODING = "decoding.json"
 FINAL_MODEL = "model.keras"
 LOCK = durable.LOCK  # the lock's own module names its file
 WEIGHTS = {"averaged": AVERAGED_WEIGHTS, "final": FINAL_MODEL}
@@ -113,6 +116,7 @@ class Run:
         self.tensorboard_dir = os.path.join(directory, TENSORBOARD_LOGS)
         self.csv_log = os.path.join(directory, CSV_LOG)
         self.averaged_weights = os.path.join(directory, AVERAGED_WEIGHTS)
+        self.decoding_path = os.path.join(directory, DECODING)
         self.final_model = os.path.join(directory, FINAL_MODEL)
         self.lock_path = os.path.join(directory, LOCK)
 
@@ -141,6 +145,37 @@ class Run:
 
         os.makedirs(self.directory, exist_ok=True)
         durable.write_atomically(self.config_path, write)
+
+    # decoding.json --------------------------------------------------------
+
+    def write_decoding(self, alpha, dev_bleu, sentences):
+        """Records the length penalty `alpha` chosen for the run's translations on
+        `sentences` dev sentences, with `dev_bleu`, the sacreBLEU of each alpha
+        tried (`evaluation.choose_alpha`); `alpha` None removes the record."""
+        if alpha is None:
+            if os.path.exists(self.decoding_path):
+                os.remove(self.decoding_path)
+            return
+        values = {"alpha": alpha, "dev_bleu": {f"{a:g}": round(b, 2) for a, b in dev_bleu.items()},
+                  "sentences": sentences}
+
+        def write(path):
+            with open(path, "w") as f:
+                json.dump(values, f, indent=2)
+
+        durable.write_atomically(self.decoding_path, write)
+
+    def decoding_settings(self):
+        """The `DecodingConfig` fields this run chose for its translations
+        (`{"alpha": 1.0}`), or `{}` for the paper's."""
+        if not os.path.exists(self.decoding_path):
+            return {}
+        with open(self.decoding_path) as f:
+            values = json.load(f)
+        if not isinstance(values, dict) or not isinstance(values.get("alpha"), (int, float)):
+            raise ValueError(f"{self.decoding_path} has no number \"alpha\"; remove the file "
+                             "to translate with the paper's length penalty, 0.6")
+        return {"alpha": float(values["alpha"])}
 
     # The vocabulary -------------------------------------------------------
 

@@ -340,6 +340,35 @@ def test_export_flags_land_where_they_act(run_dir, tokenizer, tmp_path, monkeypa
     assert sorted(ids_only.signatures) == ["serving_default", "translate_ids"]
 
 
+def test_export_takes_the_alpha_the_run_chose_unless_told(run_dir, tmp_path, monkeypatch,
+                                                          capsys):
+    """The length penalty train chose on dev pairs (the run's decoding.json) is
+    the export's default for requests; --alpha wins over it."""
+    import shutil
+
+    from keras_transformer import runs
+    from keras_transformer import saved_model
+    from keras_transformer.cli import export
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    runs.Run(run).write_decoding(1.0, {0.6: 20.0, 0.8: 21.0, 1.0: 21.5, 1.2: 19.0}, 300)
+    exported = []
+
+    def export_translator(translator, out, *args, **kwargs):  # no search traced
+        exported.append(translator.config.alpha)
+        return os.path.join(out, "1")
+
+    monkeypatch.setattr(saved_model, "export_translator", export_translator)
+    monkeypatch.setattr(saved_model, "write_model_server_files",
+                        lambda out, *args: [os.path.join(out, name)
+                                            for name in ("models.config", "batching")])
+    for flags in ((), ("--alpha", "0.7")):
+        _main(export, monkeypatch, capsys, "--run", run, "--out", tmp_path / "out",
+              "--beam-sizes", "1", "--beam-size", "1", "--jit-compile", "off", *flags)
+    assert exported == [1.0, 0.7]
+
+
 def test_evaluate_reads_corpora_as_train_does(tmp_path):
     """--test takes train's --data forms: '{split}' paths and 'SOURCE,TARGET' files."""
     from keras_transformer.cli import evaluate

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from keras_transformer import evaluation
 from keras_transformer import loading
+from keras_transformer import runs
 from keras_transformer import serving
 from keras_transformer.decoding_config import DecodingConfig
 from tests.translation_fixtures import SENTENCES
@@ -143,11 +144,72 @@ def test_evaluate_scores_against_the_targets(translator, as_dataset):
     assert result["text"] == str(expected)
 
 
+class LengthByAlpha:
+    """A stand-in translator whose translation of a source is its reference cut
+    to `alpha / best` of its words, or grown by a repeated word beyond `best`:
+    the length penalty `best` translates best, as a larger alpha lengthens beam
+    search's translations."""
+
+    def __init__(self, references, best):
+        self.references, self.best, self.alphas = references, best, []
+
+    def translate(self, batch, alpha):
+        alpha = float(alpha.numpy())
+        self.alphas.append(alpha)
+        translations = []
+        for source in batch.numpy():
+            words = self.references[source.decode()].split()
+            kept = max(1, round(len(words) * min(1.0, alpha / self.best)))
+            extra = round(len(words) * max(0.0, alpha - self.best))
+            translations.append(" ".join(words[:kept] + ["y"] * extra))
+        return {"translation": tf.constant(translations)}
+
+
+@pytest.mark.parametrize("best, chosen, tried", [
+    (1.0, 1.0, [0.6, 0.8, 1.0, 1.2]),  # rises to 1.0, falls at 1.2
+    (0.8, 0.8, [0.6, 0.8, 1.0]),  # stops at the first fall
+    (0.5, 0.6, [0.6, 0.8]),  # the paper's, when a larger alpha only falls
+    (1.5, 1.2, [0.6, 0.8, 1.0, 1.2]),  # the largest tried
+])
+def test_choose_alpha_takes_the_best_dev_bleu_and_stops_once_it_falls(best, chosen, tried):
+    pairs = [(source, target) for source, target in zip(SENTENCES, SENTENCES[1:] + SENTENCES[:1])]
+    translator = LengthByAlpha(dict(pairs), best)
+    alpha, scores = evaluation.choose_alpha(translator, pairs)
+    assert alpha == chosen and list(scores) == tried
+    assert sorted(set(translator.alphas)) == pytest.approx(tried)
+    for a, score in scores.items():  # each score is sacreBLEU of that alpha's translations
+        hypotheses = LengthByAlpha(dict(pairs), best).translate(
+            tf.constant([source for source, _ in pairs]), tf.constant(a))["translation"]
+        assert score == pytest.approx(sacrebleu.corpus_bleu(
+            [h.decode() for h in hypotheses.numpy()], [[t for _, t in pairs]]).score)
+
+
+def test_choose_alpha_keeps_the_papers_on_a_tie_and_checks_its_alphas():
+    pairs = list(zip(SENTENCES, SENTENCES))
+    same = LengthByAlpha(dict(pairs), best=0.1)  # every alpha translates alike
+    same.translate = lambda batch, alpha: {"translation": batch}
+    assert evaluation.choose_alpha(same, pairs) == (0.6, {a: pytest.approx(100.0)
+                                                          for a in evaluation.ALPHAS})
+    with pytest.raises(ValueError, match="increasing alphas"):
+        evaluation.choose_alpha(same, pairs, alphas=(1.0, 0.6))
+
+
 def test_load_translator_from_a_run_and_errors(tmp_path, tokenizer):
     run = make_run_dir(tmp_path / "run", tokenizer, make_model(tokenizer.vocab_size))
     translator = loading.load_translator(run=run, beam_sizes=(4,))
     assert isinstance(translator, serving.Translator)
     assert translator.config.beam_sizes == (4,)
+    assert translator.config.alpha == 0.6  # the paper's: the run chose none
+    # The length penalty train chose on dev pairs (decoding.json), unless told.
+    runs.Run(run).write_decoding(1.2, {0.6: 10.0, 1.0: 12.0, 1.2: 12.5}, 300)
+    assert loading.load_translator(run=run, beam_sizes=(4,)).config.alpha == 1.2
+    assert loading.load_translator(run=run, beam_sizes=(4,), alpha=0.8).config.alpha == 0.8
+    runs.Run(run).write_decoding(None, {}, 0)
+    assert loading.load_translator(run=run, beam_sizes=(4,)).config.alpha == 0.6
+    with open(runs.Run(run).decoding_path, "w") as f:
+        f.write('{"dev_bleu": {}}')
+    with pytest.raises(ValueError, match="decoding.json has no number \"alpha\"; remove"):
+        loading.load_translator(run=run)
     configured = loading.translator_from_run(run, "final", DecodingConfig(beam_sizes=(1,),
                                                                           beam_size=1))
     assert configured.config.beam_sizes == (1,)

@@ -30,6 +30,7 @@ BUNDLED = os.path.join(ROOT, "keras_transformer", "data", "bundled")
 SHRINK = ["--steps", "2", "--checkpoint-every", "1", "--keep-checkpoints", "1",
           "--average-last", "1", "--vocab-size", "600", "--vocab-sentences", "4000",
           "--max-sentence-tokens", "24", "--tokens-per-batch", "256", "--test-sentences", "2",
+          "--alpha-sentences", "2",
           "--verbose"]
 SMALL_SHAPE = ["--num-layers", "1", "--d-model", "32", "--d-ff", "64", "--num-heads", "2"]
 EVALUATE_SHRINK = ["--limit", "2"]

@@ -21,6 +21,7 @@ import tensorflow as tf
 import keras_transformer as kt  # also registers the classes model.keras holds
 from keras_transformer import budget
 from keras_transformer import data
+from keras_transformer import evaluation
 from keras_transformer import runs
 from keras_transformer import run_configs
 from keras_transformer import training
@@ -35,7 +36,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = ["--model", "tiny", "--vocab-size", "600", "--vocab-sentences", "4000",
          "--max-sentence-tokens", "24",
          "--tokens-per-batch", "256", "--checkpoint-every", "2", "--steps", "6",
-         "--average-last", "2", "--test-sentences", "0", "--warmup-steps", "4"]
+         "--average-last", "2", "--test-sentences", "0", "--alpha-sentences", "0",
+         "--warmup-steps", "4"]
 
 
 def _train(args, wait=True, capture=False, **environment):
@@ -537,11 +539,22 @@ def test_multi_worker_run_trains_and_resumes(tmp_path):
 def test_main_job_end_to_end(tmp_path):
     """What scripts/quickstart.sh does, small: train, export, translate, BLEU."""
     run, export = str(tmp_path / "run"), str(tmp_path / "export")
-    trained = _train([*QUICK, "--test-sentences", "5", "--out", run])
+    trained = _train([*QUICK, "--test-sentences", "5", "--alpha-sentences", "8", "--out", run])
     assert trained.returncode == 0, trained.stderr
     assert "Test BLEU on 5 sentences" in trained.stdout
-    for name in ("config.json", "averaged.weights.h5", "model.keras", "vocab"):
+    for name in ("config.json", "averaged.weights.h5", "model.keras", "vocab", "decoding.json"):
         assert os.path.exists(os.path.join(run, name)), name
+    # The length penalty chosen on 8 dev pairs, as evaluation.choose_alpha chooses.
+    with open(os.path.join(run, "decoding.json")) as f:
+        decoding = json.load(f)
+    assert decoding["sentences"] == 8 and decoding["alpha"] in evaluation.ALPHAS
+    dev = data.load_parallel("bundled", "dev").take(8).as_numpy_iterator()
+    assert (decoding["alpha"], {f"{a:g}": round(b, 2) for a, b in evaluation.choose_alpha(
+        kt.translator_from_run(run), [(p["source"].decode(), p["target"].decode())
+                                      for p in dev])[1].items()}) \
+        == (decoding["alpha"], decoding["dev_bleu"])
+    assert re.search(rf"Length penalty for this run's translations: alpha {decoding['alpha']:.1f}, "
+                     r"chosen on 8 dev sentences \(sacreBLEU ", trained.stdout), trained.stdout
 
     env = dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
 
@@ -553,6 +566,8 @@ def test_main_job_end_to_end(tmp_path):
 
     script("export.py", "--run", run, "--out", export)
     assert os.path.exists(os.path.join(export, "1", "saved_model.pb"))
+    with open(os.path.join(export, "1", "assets.extra", "config.json")) as f:
+        assert json.load(f)["translator"]["alpha"] == decoding["alpha"]
     translations = script("translate.py", "--export", export,
                           stdin="Jesus wept.\nLove your neighbor as yourself.\n")
     assert len(translations.splitlines()) == 2

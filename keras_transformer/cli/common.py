@@ -170,12 +170,18 @@ def add_config_flags(parser, dataclass, defaults=True, skip=()):
                             helps.get(field.name))
 
 
-def add_decoding_flags(parser, names, defaults=None):
+# What a run decodes with where a flag leaves it to the run, where that is not
+# the `DecodingConfig` field's default.
+RUN_DECODING = {"alpha": "the one chosen on its dev set as training ended, else 0.6"}
+
+
+def add_decoding_flags(parser, names, defaults=None, reads="an export or a run"):
     """The flags of the `DecodingConfig` fields `names` (`--beam-size` for
     `beam_size`), as `add_config_flags` makes them. `defaults` overrides a
     field's default for this command: "auto" where the command chooses for the
     machine it runs on, None where an absent flag leaves the translator's (an
-    export's) own; `decoding_config(args, names)` reads them back."""
+    export's or a run's, as the command `reads`) own; `decoding_config(args,
+    names)` reads them back."""
     from keras_transformer.decoding_config import DecodingConfig
 
     helps = _field_docs(DecodingConfig)
@@ -185,7 +191,9 @@ def add_decoding_flags(parser, names, defaults=None):
         field, help = fields[name], helps[name]
         default = defaults.get(name, field.default)
         if default is None and field.default is not None:
-            help += f" Default: the export's (a run's: {field.default})."
+            run_default = RUN_DECODING.get(name, field.default)
+            help += (f" Default: the run's ({run_default})." if reads == "a run"
+                     else f" Default: the export's (a run's: {run_default}).")
         _add_field_flag(parser, field, default, help)
 
 

@@ -13,6 +13,7 @@ few sentences exactly as the in-memory model does.
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -30,8 +31,8 @@ DECODING_FLAGS = (*REQUEST_SETTINGS, "beam_sizes", "max_input_length", "max_batc
                   "max_input_chars", "jit_compile", "xla_max_batch_size", "precision",
                   "parallel_searches")
 # The export chooses XLA for the machine it runs on; the weights stay float32
-# unless --precision says otherwise.
-FLAG_DEFAULTS = {"jit_compile": "auto", "precision": "float32"}
+# unless --precision says otherwise; the length penalty is the run's own.
+FLAG_DEFAULTS = {"jit_compile": "auto", "precision": "float32", "alpha": None}
 
 
 def parse_args(argv, prog=PROG):
@@ -52,7 +53,7 @@ def parse_args(argv, prog=PROG):
                         help="the run's averaged checkpoints (the paper's) or its final model")
     parser.add_argument("--version", type=int, default=None,
                         help="version directory; default: one more than the largest there")
-    add_decoding_flags(parser, DECODING_FLAGS, defaults=FLAG_DEFAULTS)
+    add_decoding_flags(parser, DECODING_FLAGS, defaults=FLAG_DEFAULTS, reads="a run")
     parser.add_argument("--model-name", default=None,
                         help="the model's name in the model server's models.config "
                              "(default: the base name of --out)")
@@ -73,8 +74,10 @@ def parse_args(argv, prog=PROG):
     if args.format == "ctranslate2" and args.precision != "float32":
         parser.error("--precision is for SavedModel exports; a CTranslate2 export takes "
                      "--quantization")
-    try:
-        args.decoding = decoding_config(args, DECODING_FLAGS)
+    try:  # without --alpha, the run's (main)
+        args.decoding = decoding_config(
+            args, [name for name in DECODING_FLAGS if getattr(args, name) is not None
+                   or name != "alpha"])
     except ValueError as error:
         parser.error(str(error))
     if args.version is not None and args.version < 1:
@@ -91,10 +94,14 @@ def main(argv=None, prog=PROG):
     from keras_transformer import serving
 
     try:
-        model, tokenizer, run_config = runs.Run(args.run).load(args.weights)
+        run = runs.Run(args.run)
+        model, tokenizer, run_config = run.load(args.weights)
         if args.format == "ctranslate2":
             return export_ctranslate2(model, tokenizer, args, prog)
-        config, notes = args.decoding.resolved()
+        decoding = args.decoding
+        if args.alpha is None:  # the length penalty the run chose on its dev set
+            decoding = dataclasses.replace(decoding, **run.decoding_settings())
+        config, notes = decoding.resolved()
         for note in notes:
             print(f"{prog}: {note}", flush=True)
         translator = serving.Translator(model, None if args.ids_only else tokenizer, config)

@@ -164,10 +164,13 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     if config.time_budget:  # the steps it took
         run_dir.write_config(model_config, dataclasses.replace(config, steps=step))
 
-    # === Average the last checkpoints (Sec. 6.1), save, and translate test sentences ===
+    # === Average the last checkpoints and choose alpha on dev pairs (Sec. 6.1), save,
+    # and translate test sentences ===
     averaged = save(model, run_dir, config, step, clock, account)
+    decoding = choose_alpha(averaged, tokenizer, dev_pairs, run_dir, config, account)
+    print(account.line(), flush=True)
     if config.test_sentences:
-        print_test_bleu(averaged, tokenizer, config)
+        print_test_bleu(averaged, tokenizer, config, decoding)
     return 0
 
 
@@ -324,19 +327,43 @@ def save(model, run_dir, config, step, clock, account):
     account.mark("averaging and saving")
     print(f"Trained {step} steps in {clock.elapsed() / 60:.1f} minutes "
           f"({config.time_budget_clock} clock); averaged the last {len(last)} checkpoints "
-          f"into {run_dir.averaged_weights}")
-    print(account.line(), flush=True)
+          f"into {run_dir.averaged_weights}", flush=True)
     return averaged
 
 
-def print_test_bleu(averaged, tokenizer, config):
+def choose_alpha(averaged, tokenizer, dev_pairs, run_dir, config, account):
+    """Chooses the length penalty of the run's translations on the first
+    `config.alpha_sentences` dev pairs (`evaluation.choose_alpha`), records it in
+    the run (`runs.Run.write_decoding`), says so, and returns the `DecodingConfig`
+    fields chosen (`{}`: the paper's, without dev pairs to choose on)."""
+    import keras_transformer as kt
+    from keras_transformer import evaluation
+
+    if not config.alpha_sentences:
+        run_dir.write_decoding(None, {}, 0)
+        return {}
+    pairs = list(dev_pairs.take(config.alpha_sentences).as_numpy_iterator())
+    alpha, scores = evaluation.choose_alpha(
+        kt.Translator(averaged, tokenizer),
+        [(pair["source"].decode(), pair["target"].decode()) for pair in pairs])
+    run_dir.write_decoding(alpha, scores, len(pairs))
+    account.mark("choosing alpha")
+    tried = ", ".join(f"{score:.1f} at {a:.1f}" for a, score in scores.items())
+    print(f"Length penalty for this run's translations: alpha {alpha:.1f}, chosen on "
+          f"{len(pairs)} dev sentences (sacreBLEU {tried}; Sec. 6.1's 0.6 unless another "
+          f"scores higher)", flush=True)
+    return {"alpha": alpha}
+
+
+def print_test_bleu(averaged, tokenizer, config, decoding):
     """Translates `config.test_sentences` test sentences with the averaged
-    weights (beam search), prints three of them and their sacreBLEU."""
+    weights (beam search, the `DecodingConfig` fields `decoding`), prints three
+    of them and their sacreBLEU."""
     import keras_transformer as kt
     from keras_transformer import evaluation
 
     test_pairs = load_pairs(config, "test")
-    result = evaluation.evaluate(kt.Translator(averaged, tokenizer), test_pairs,
+    result = evaluation.evaluate(kt.Translator(averaged, tokenizer, **decoding), test_pairs,
                                  limit=config.test_sentences)
     for pair, hypothesis in zip(test_pairs.take(3).as_numpy_iterator(), result["hypotheses"]):
         print(f"\nsource:      {pair['source'].decode()}\ntranslation: {hypothesis}\n"
