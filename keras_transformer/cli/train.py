@@ -339,10 +339,10 @@ def choose_alpha(averaged, tokenizer, dev_pairs, run_dir, config, account):
     import keras_transformer as kt
     from keras_transformer import evaluation
 
-    if not config.alpha_sentences:
+    pairs = list(dev_pairs.take(config.alpha_sentences).as_numpy_iterator())
+    if not pairs:  # --alpha-sentences 0
         run_dir.write_decoding(None, {}, 0)
         return {}
-    pairs = list(dev_pairs.take(config.alpha_sentences).as_numpy_iterator())
     alpha, scores = evaluation.choose_alpha(
         kt.Translator(averaged, tokenizer),
         [(pair["source"].decode(), pair["target"].decode()) for pair in pairs])
