@@ -574,6 +574,10 @@ def test_main_job_end_to_end(tmp_path):
     scores = script("evaluate.py", "--export", export, "--test", "bundled", "--split", "test",
                     "--limit", "10", "--no-progress")
     assert "BLEU" in scores
+    # train's test BLEU translated with the alpha it chose, as evaluate --run does.
+    scores = json.loads(script("evaluate.py", "--run", run, "--test", "bundled", "--split",
+                               "test", "--limit", "5", "--no-progress", "--json"))
+    assert f"Test BLEU on 5 sentences: {scores['bleu']:.2f} " in trained.stdout, trained.stdout
 
 
 @pytest.mark.slow

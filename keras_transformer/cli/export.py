@@ -76,8 +76,7 @@ def parse_args(argv, prog=PROG):
                      "--quantization")
     try:  # without --alpha, the run's (main)
         args.decoding = decoding_config(
-            args, [name for name in DECODING_FLAGS if getattr(args, name) is not None
-                   or name != "alpha"])
+            args, [name for name in DECODING_FLAGS if name != "alpha" or args.alpha is not None])
     except ValueError as error:
         parser.error(str(error))
     if args.version is not None and args.version < 1:

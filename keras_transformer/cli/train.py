@@ -112,6 +112,7 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     from keras_transformer import distributed
     from keras_transformer import run_configs
     from keras_transformer import runs
+    from keras_transformer import serving
     from keras_transformer import training
 
     account = budget.TimeAccount(_START["wall"])
@@ -167,10 +168,11 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     # === Average the last checkpoints and choose alpha on dev pairs (Sec. 6.1), save,
     # and translate test sentences ===
     averaged = save(model, run_dir, config, step, clock, account)
-    decoding = choose_alpha(averaged, tokenizer, dev_pairs, run_dir, config, account)
+    translator = serving.Translator(averaged, tokenizer)  # its searches traced once, for both
+    decoding = choose_alpha(translator, dev_pairs, run_dir, config, account)
     print(account.line(), flush=True)
     if config.test_sentences:
-        print_test_bleu(averaged, tokenizer, config, decoding)
+        print_test_bleu(translator, config, decoding)
     return 0
 
 
@@ -331,12 +333,12 @@ def save(model, run_dir, config, step, clock, account):
     return averaged
 
 
-def choose_alpha(averaged, tokenizer, dev_pairs, run_dir, config, account):
-    """Chooses the length penalty of the run's translations on the first
-    `config.alpha_sentences` dev pairs (`evaluation.choose_alpha`), records it in
-    the run (`runs.Run.write_decoding`), says so, and returns the `DecodingConfig`
-    fields chosen (`{}`: the paper's, without dev pairs to choose on)."""
-    import keras_transformer as kt
+def choose_alpha(translator, dev_pairs, run_dir, config, account):
+    """Chooses the length penalty of the run's translations (`translator`, the
+    averaged weights') on the first `config.alpha_sentences` dev pairs
+    (`evaluation.choose_alpha`), records it in the run
+    (`runs.Run.write_decoding`), says so, and returns the request settings chosen
+    (`{}`: the paper's, without dev pairs to choose on)."""
     from keras_transformer import evaluation
 
     pairs = list(dev_pairs.take(config.alpha_sentences).as_numpy_iterator())
@@ -344,8 +346,7 @@ def choose_alpha(averaged, tokenizer, dev_pairs, run_dir, config, account):
         run_dir.write_decoding(None, {}, 0)
         return {}
     alpha, scores = evaluation.choose_alpha(
-        kt.Translator(averaged, tokenizer),
-        [(pair["source"].decode(), pair["target"].decode()) for pair in pairs])
+        translator, [(pair["source"].decode(), pair["target"].decode()) for pair in pairs])
     run_dir.write_decoding(alpha, scores, len(pairs))
     account.mark("choosing alpha")
     tried = ", ".join(f"{score:.1f} at {a:.1f}" for a, score in scores.items())
@@ -355,16 +356,15 @@ def choose_alpha(averaged, tokenizer, dev_pairs, run_dir, config, account):
     return {"alpha": alpha}
 
 
-def print_test_bleu(averaged, tokenizer, config, decoding):
-    """Translates `config.test_sentences` test sentences with the averaged
-    weights (beam search, the `DecodingConfig` fields `decoding`), prints three
-    of them and their sacreBLEU."""
-    import keras_transformer as kt
+def print_test_bleu(translator, config, decoding):
+    """Translates `config.test_sentences` test sentences with `translator` (the
+    averaged weights', beam search with the request settings `decoding`), prints
+    three of them and their sacreBLEU."""
     from keras_transformer import evaluation
 
     test_pairs = load_pairs(config, "test")
-    result = evaluation.evaluate(kt.Translator(averaged, tokenizer, **decoding), test_pairs,
-                                 limit=config.test_sentences)
+    result = evaluation.evaluate(translator, test_pairs, limit=config.test_sentences,
+                                 **decoding)
     for pair, hypothesis in zip(test_pairs.take(3).as_numpy_iterator(), result["hypotheses"]):
         print(f"\nsource:      {pair['source'].decode()}\ntranslation: {hypothesis}\n"
               f"reference:   {pair['target'].decode()}")
