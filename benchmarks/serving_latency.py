@@ -62,6 +62,7 @@ from keras_transformer import hardware  # noqa: E402
 from keras_transformer import runs  # noqa: E402
 from keras_transformer import saved_model  # noqa: E402
 from keras_transformer import serving  # noqa: E402
+from keras_transformer.decoding_config import REQUEST_SETTINGS  # noqa: E402
 from machine import cpu_flags  # noqa: E402
 from machine import tensorflow_device  # noqa: E402
 import reporting  # noqa: E402
@@ -185,7 +186,7 @@ def replay_warmup(loaded, path, settings):
     from tensorflow_serving.apis import prediction_log_pb2
 
     defaults = {name: tf.constant(settings[name])
-                for name in ("beam_size", "alpha", "extra_length")}
+                for name in REQUEST_SETTINGS}
     start = time.perf_counter()
     for record in tf.data.TFRecordDataset(
             os.path.join(path, "assets.extra", saved_model.WARMUP_FILENAME)):

@@ -1,6 +1,7 @@
 """The beam's candidates each step: the best one-token extensions of the live
 hypotheses, chosen without sorting the whole `(B, K * V)` table (see
-`best_extensions`). `decoding.beam_search` calls it; pure TensorFlow.
+`best_extensions`), and the tokens that would repeat an n-gram
+(`repeated_ngram_blocks`). `decoding`'s searches call them; pure TensorFlow.
 """
 
 import tensorflow as tf
@@ -15,7 +16,59 @@ def block_size(vocab_size, num_candidates):
                  if vocab_size % size == 0 and vocab_size // size >= num_candidates), None)
 
 
-def best_extensions(logits, alive_log_probs, k, block_size):
+def repeated_ngram_blocks(ids, step, size, vocab_size):
+    """Which next tokens would repeat an n-gram of `size` tokens: `(N, V)`
+    float32, -inf for those, 0 for the others, to add to log probabilities.
+
+    The next token completes the n-gram whose other `size - 1` tokens end the
+    hypothesis; it is blocked when those tokens came before, followed by it
+    (CTranslate2's `no_repeat_ngram_size`, fairseq's `--no-repeat-ngram-size`).
+    Only generated tokens count (columns `1..step`), not the start token. One
+    comparison of the buffer per token of the n-gram and one scatter: no
+    `(N, T, V)` table, and static shapes for XLA.
+
+    Args:
+        ids: int32 `(N, T + 1)`, the hypotheses' id buffers (start token,
+            `step` generated tokens, padding).
+        step: int32 scalar, the last written column.
+        size: int or int32 scalar >= 1, the n-gram length (1 blocks every
+            token already generated).
+        vocab_size: int V.
+    """
+    rows, width = tf.shape(ids)[0], tf.shape(ids)[1]
+    columns = tf.range(width)  # (T + 1,)
+    # Column p ends an earlier copy of the n-gram's first size - 1 tokens
+    # when ids[p - i] == ids[step - i] for i < size - 1; that copy starts at
+    # column p - size + 2 >= 1 and is followed by ids[p + 1], p + 1 <= step.
+    ends = tf.broadcast_to(tf.logical_and(columns >= size - 1, columns < step),
+                           tf.shape(ids))  # (N, T + 1)
+
+    def compare(offset, ends):
+        back = tf.gather(ids, tf.maximum(columns - offset, 0), axis=1)  # ids[:, p - offset]
+        last = tf.gather(ids, tf.maximum(step - offset, 0), axis=1)  # (N,)
+        return offset + 1, tf.logical_and(ends, tf.equal(back, last[:, tf.newaxis]))
+
+    _, ends = tf.while_loop(lambda offset, _: offset < size - 1, compare,
+                            (tf.constant(0), ends))
+    followers = tf.gather(ids, tf.minimum(columns + 1, width - 1), axis=1)  # ids[:, p + 1]
+    indices = tf.stack([tf.reshape(tf.broadcast_to(tf.range(rows)[:, tf.newaxis], tf.shape(ids)),
+                                   [-1]),
+                        tf.reshape(followers, [-1])], axis=1)  # (N * (T + 1), 2)
+    # min with +inf leaves an entry as it is, with -inf blocks it.
+    updates = tf.where(tf.reshape(ends, [-1]), float("-inf"), float("inf"))
+    return tf.tensor_scatter_nd_min(tf.zeros([rows, vocab_size]), indices, updates)  # (N, V)
+
+
+def if_blocking(size, blocking, plain):
+    """`blocking()` when n-grams of `size` are blocked (size > 0), else
+    `plain()`: in Python for an int, with `tf.cond` for a tensor (a request's
+    setting), so that a search that blocks nothing does none of the work."""
+    if isinstance(size, int):
+        return blocking() if size > 0 else plain()
+    return tf.cond(size > 0, blocking, plain)
+
+
+def best_extensions(logits, alive_log_probs, k, block_size, blocks=None):
     """The k best one-token extensions of the live hypotheses of each example.
 
     Exactly `tf.nn.top_k` over the `(B, K * V)` table
@@ -34,6 +87,10 @@ def best_extensions(logits, alive_log_probs, k, block_size):
         k: how many extensions to keep.
         block_size: a divisor of V with V / block_size >= k, or None to run
             `top_k` over the whole table.
+        blocks: optional float32 `(B * K, V)`, -inf for tokens no hypothesis
+            may take (`repeated_ngram_blocks`), added after the log-softmax:
+            the other tokens keep their probabilities, as in CTranslate2 and
+            fairseq.
 
     Returns:
         values `(B, k)`: log P(hypothesis + token), best first; indices
@@ -44,6 +101,8 @@ def best_extensions(logits, alive_log_probs, k, block_size):
     if block_size is None:
         # log P(hypothesis + token) = logit + shift: log P(hypothesis) - log Z.
         shift = alive_log_probs - tf.reshape(tf.reduce_logsumexp(logits, axis=-1), [-1, beam_size])
+        if blocks is not None:
+            logits = logits + blocks
         table = tf.reshape(logits, [-1, beam_size, vocab_size]) + shift[:, :, tf.newaxis]
         return tf.nn.top_k(tf.reshape(table, [-1, beam_size * vocab_size]), k=k)
     blocks_per_beam = vocab_size // block_size
@@ -51,6 +110,10 @@ def best_extensions(logits, alive_log_probs, k, block_size):
     row_block_maxima = tf.reduce_max(row_blocks, axis=-1)  # (B * K, V/b)
     shift = alive_log_probs - tf.reshape(
         _log_normalizers(logits, row_blocks, row_block_maxima), [-1, beam_size])  # (B, K)
+    if blocks is not None:
+        logits = logits + blocks
+        row_block_maxima = tf.reduce_max(
+            tf.reshape(logits, [-1, blocks_per_beam, block_size]), axis=-1)  # (B * K, V/b)
     blocks = tf.reshape(logits, [-1, beam_size * blocks_per_beam, block_size])  # (B, K*V/b, b)
     block_maxima = (tf.reshape(row_block_maxima, [-1, beam_size * blocks_per_beam])
                     + tf.repeat(shift, blocks_per_beam, axis=1))

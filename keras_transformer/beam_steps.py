@@ -44,7 +44,8 @@ def length_penalty(length, alpha):
 
 class BeamSettings(collections.namedtuple("BeamSettings", [
         "vocab_size", "beam_size", "num_candidates", "block_size", "max_output_length",
-        "columns", "eos_id", "alpha", "ignore_eos", "reorder_cache"])):
+        "columns", "eos_id", "alpha", "no_repeat_ngram_size", "ignore_eos",
+        "reorder_cache"])):
     """What every step of a beam search uses: V, K, C, the block size of
     `beam_candidates.best_extensions`, T, the columns `(T + 1,)` of the id
     buffers, and `beam_search`'s other arguments."""
@@ -145,11 +146,16 @@ def extend(search, symbols_to_logits_fn, state):
     logits, cache = symbols_to_logits_fn(flat_ids, state.step, state.alive_cache)
     cache = search_arguments.same_shapes(cache, state.alive_cache)
     search_arguments.check_logits(logits, vocab_size)
-    # The C best extensions over all beams and tokens.
-    candidate_log_probs, flat_indices = beam_candidates.best_extensions(
-        tf.cast(logits, tf.float32), state.alive_log_probs, search.num_candidates,
-        search.block_size
-    )  # (B, C), (B, C)
+    logits = tf.cast(logits, tf.float32)
+    size = search.no_repeat_ngram_size
+
+    def candidates(blocks=None):  # the C best extensions over all beams and tokens
+        return beam_candidates.best_extensions(
+            logits, state.alive_log_probs, search.num_candidates, search.block_size, blocks)
+
+    candidate_log_probs, flat_indices = beam_candidates.if_blocking(
+        size, lambda: candidates(beam_candidates.repeated_ngram_blocks(
+            flat_ids, state.step, size, vocab_size)), candidates)  # (B, C), (B, C)
     parents = flat_indices // vocab_size  # (B, C) beam each extends
     tokens = flat_indices % vocab_size  # (B, C)
     length = state.step + 1  # of every candidate

@@ -77,6 +77,7 @@ def greedy_search(
     eos_id,
     max_output_lengths=None,
     padding_id=0,
+    no_repeat_ngram_size=0,
     ignore_eos=False,
 ):
     """Decodes by taking the most likely token at every step.
@@ -95,6 +96,8 @@ def greedy_search(
             source length + 50), clipped to `[1, max_output_length]`; an example that
             reaches it without an end-of-sequence token stops there.
         padding_id: int written after the end of every sequence.
+        no_repeat_ngram_size: int n; when > 0, no token is taken that would
+            repeat an n-gram of the sequence (`beam_search`).
         ignore_eos: if True, the end-of-sequence token does not end a sequence
             (it is decoded like any other token) and the loop runs exactly
             `max_output_length` steps: for benchmarks with random weights.
@@ -106,6 +109,7 @@ def greedy_search(
             its tokens, no length penalty).
     """
     max_output_length = search_arguments.static_max_output_length(max_output_length)
+    no_repeat_ngram_size = search_arguments.ngram_size(no_repeat_ngram_size)
     initial_ids = search_arguments.check_initial_ids(initial_ids)
     batch_size = search_arguments.dim(initial_ids, 0)
     max_output_lengths = search_arguments.resolve_max_output_lengths(
@@ -132,6 +136,10 @@ def greedy_search(
         logits, cache = symbols_to_logits_fn(state.ids, state.step, state.cache)
         cache = search_arguments.same_shapes(cache, state.cache)
         log_probs = _log_probs(logits, vocab_size=None)  # (B, V)
+        log_probs = beam_candidates.if_blocking(
+            no_repeat_ngram_size, lambda: log_probs + beam_candidates.repeated_ngram_blocks(
+                state.ids, state.step, no_repeat_ngram_size, log_probs.shape[-1]),
+            lambda: log_probs)
         tokens = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # (B,)
         token_log_probs = tf.gather(log_probs, tokens, batch_dims=1)  # (B,)
 
@@ -168,6 +176,7 @@ def beam_search(
     alpha=0.6,
     max_output_lengths=None,
     padding_id=0,
+    no_repeat_ngram_size=0,
     ignore_eos=False,
     reorder_cache=None,
     select_examples=None,
@@ -210,6 +219,11 @@ def beam_search(
         max_output_lengths: optional int tensor `(B,)`, a limit per example (the paper
             uses source length + 50), clipped to `[1, max_output_length]`.
         padding_id: int written after the end of every hypothesis.
+        no_repeat_ngram_size: int n (or an int32 scalar tensor, a request's
+            setting); when > 0, no hypothesis is extended by a token that would
+            repeat one of its n-grams (of generated tokens;
+            `beam_candidates.repeated_ngram_blocks`): the remedy of CTranslate2
+            and fairseq for a weak model's loops. 0 (the paper): none blocked.
         ignore_eos: if True, the end-of-sequence token does not finish a
             hypothesis and the loop runs exactly `max_output_length` steps (no early
             stop): for benchmarks with random weights.
@@ -237,6 +251,7 @@ def beam_search(
     beam_size = positive_int("beam_size", beam_size, "beam_search")
     vocab_size = positive_int("vocab_size", vocab_size, "beam_search")
     max_output_length = search_arguments.static_max_output_length(max_output_length)
+    no_repeat_ngram_size = search_arguments.ngram_size(no_repeat_ngram_size)
     initial_ids = search_arguments.check_initial_ids(initial_ids)
     batch_size = search_arguments.dim(initial_ids, 0)
     max_output_lengths = search_arguments.resolve_max_output_lengths(
@@ -247,7 +262,8 @@ def beam_search(
         vocab_size=vocab_size, beam_size=beam_size, num_candidates=num_candidates,
         block_size=beam_candidates.block_size(vocab_size, num_candidates),
         max_output_length=max_output_length, columns=tf.range(max_output_length + 1),
-        eos_id=eos_id, alpha=alpha, ignore_eos=ignore_eos, reorder_cache=reorder_cache)
+        eos_id=eos_id, alpha=alpha, no_repeat_ngram_size=no_repeat_ngram_size,
+        ignore_eos=ignore_eos, reorder_cache=reorder_cache)
     state = beam_steps.initial_state(search, initial_ids, initial_cache, max_output_lengths,
                                      padding_id)
     # Finished examples leave the batch: a wrapper around the search's step.

@@ -25,7 +25,7 @@ MIXED_PRECISIONS = ("mixed_float16", "mixed_bfloat16")
 DEFAULT_BEAM_SIZES = (1, 2, 4, 8)
 # The settings a request may give (a signature's optional inputs, the flags of
 # translate and evaluate); the others are fixed when the translator is built.
-REQUEST_SETTINGS = ("beam_size", "alpha", "extra_length")
+REQUEST_SETTINGS = ("beam_size", "alpha", "extra_length", "no_repeat_ngram_size")
 # Request limits: one request holds a model server for about as long as the
 # batch takes, and its memory grows with the text's length.
 DEFAULT_MAX_BATCH_SIZE = 256
@@ -65,6 +65,9 @@ class DecodingConfig:
             name none); one of beam_sizes.
         alpha: the length penalty strength.
         extra_length: the output tokens allowed beyond the input length.
+        no_repeat_ngram_size: n > 0: no translation repeats an n-gram of its
+            tokens (subword pieces and punctuation; `decoding.beam_search`); 0,
+            the paper's search, blocks nothing.
         beam_sizes: beam sizes callers may ask for (one program each).
         max_input_length: longer inputs are truncated (default: the model's
             max_positions).
@@ -110,6 +113,7 @@ class DecodingConfig:
     beam_size: int = 4
     alpha: float = 0.6
     extra_length: int = 50
+    no_repeat_ngram_size: int = 0
     beam_sizes: tuple = dataclasses.field(
         default=DEFAULT_BEAM_SIZES, metadata={"parse": comma_separated_ints})
     max_input_length: int | None = None
@@ -142,6 +146,10 @@ class DecodingConfig:
         _require("extra_length", self.extra_length,
                  isinstance(self.extra_length, int) and not isinstance(self.extra_length, bool)
                  and self.extra_length >= 0, "must be an int >= 0")
+        _require("no_repeat_ngram_size", self.no_repeat_ngram_size,
+                 isinstance(self.no_repeat_ngram_size, int)
+                 and not isinstance(self.no_repeat_ngram_size, bool)
+                 and self.no_repeat_ngram_size >= 0, "must be an int >= 0 (0 blocks nothing)")
         for name in ("max_input_length", "max_output_length", "xla_max_batch_size",
                      "parallel_searches"):
             if getattr(self, name) is not None:

@@ -41,6 +41,7 @@ def translate_sentences(
     beam_size=None,
     alpha=None,
     extra_length=None,
+    no_repeat_ngram_size=None,
 ):
     """Translates a list of sentences, in batches, keeping their order.
 
@@ -53,8 +54,9 @@ def translate_sentences(
         batch_size: sentences per call.
         progress: True for a progress bar on stderr; "auto" for one only when
             there are at least 200 sentences.
-        beam_size, alpha, extra_length: optional decoding settings; the
-            translator's defaults (the paper's) when None.
+        beam_size, alpha, extra_length, no_repeat_ngram_size: optional
+            decoding settings (`DecodingConfig.REQUEST_SETTINGS`); the
+            translator's own when None.
 
     Returns:
         A list of translations (str), one per sentence.
@@ -68,6 +70,7 @@ def translate_sentences(
             ("beam_size", beam_size, tf.int32),
             ("alpha", alpha, tf.float32),
             ("extra_length", extra_length, tf.int32),
+            ("no_repeat_ngram_size", no_repeat_ngram_size, tf.int32),
         )
         if value is not None
     }
@@ -151,8 +154,8 @@ def evaluate(
             `(source, target)` pairs.
         batch_size, progress: as for `translate_sentences`.
         limit: optional int, score only the first `limit` pairs.
-        **decoding: `beam_size`, `alpha`, `extra_length`, as for
-            `translate_sentences`.
+        **decoding: `beam_size`, `alpha`, `extra_length`,
+            `no_repeat_ngram_size`, as for `translate_sentences`.
 
     Returns:
         The dict of `bleu_scores`, plus `"hypotheses"` (the translations),
@@ -173,42 +176,64 @@ def evaluate(
     return scores
 
 
-# The length penalties `choose_alpha` tries, the paper's first.
+# What `choose_decoding` tries: blocking repeated 4-grams first (kept unless
+# not blocking scores higher), then length penalties from the paper's up.
+NGRAM_SIZES = (4, 0)
 ALPHAS = (0.6, 0.8, 1.0, 1.2)
 
 
-def choose_alpha(translator_or_export, pairs, alphas=ALPHAS, batch_size=DEFAULT_BATCH_SIZE,
-                 *, limit=None):
-    """The length penalty alpha that translates `pairs` (dev pairs) best, as the
-    paper chose its own (Sec. 6.1: "These hyperparameters were chosen after
-    experimentation on the development set").
+def choose_decoding(translator_or_export, pairs, ngram_sizes=NGRAM_SIZES, alphas=ALPHAS,
+                    batch_size=DEFAULT_BATCH_SIZE, *, limit=None):
+    """The request settings that translate `pairs` (dev pairs) best, as the
+    paper chose its length penalty (Sec. 6.1: "These hyperparameters were chosen
+    after experimentation on the development set").
 
-    Tries `alphas` in order (the paper's 0.6 first, larger after it) while the
-    sacreBLEU rises: a larger alpha lengthens the translations, and once they
-    are long enough BLEU only falls. A briefly trained model ends its
-    translations early, and a larger alpha makes up for it.
+    First `no_repeat_ngram_size`: each of `ngram_sizes` at the first alpha, the
+    highest sacreBLEU kept, the earliest on a tie. A briefly trained model
+    loops ("de los hijos de los hijos de los hijos"); blocking repeated 4-grams
+    mends most of that and, on the quickstart's models, never cost test BLEU
+    (docs/training.md), so it comes first and a model that never loops keeps
+    it at no cost. Then `alpha`: `alphas` in order, while the sacreBLEU rises:
+    a larger alpha lengthens the translations, and once they are long enough
+    BLEU only falls.
 
     Args:
         translator_or_export, batch_size: as for `translate_sentences`.
         pairs, limit: as for `evaluate`.
+        ngram_sizes: `no_repeat_ngram_size` values, in order of preference.
         alphas: increasing length penalties, the first the default.
 
     Returns:
-        `(alpha, scores)`: the alpha of the highest sacreBLEU (the earliest on
-        a tie), and `{alpha: sacreBLEU}` for those tried.
+        `(settings, scores)`: `{"no_repeat_ngram_size": n, "alpha": a}` chosen,
+        and `{(n, a): sacreBLEU}` for each pair tried, in the order tried.
     """
     if not alphas or list(alphas) != sorted(alphas):
-        raise ValueError(f"choose_alpha needs increasing alphas. Received: alphas={alphas!r}")
+        raise ValueError(f"choose_decoding needs increasing alphas. Received: alphas={alphas!r}")
+    if not ngram_sizes:
+        raise ValueError("choose_decoding needs at least one no_repeat_ngram_size. "
+                         f"Received: ngram_sizes={ngram_sizes!r}")
     sources, references = _read_pairs(pairs, limit)
     scores = {}
-    for alpha in alphas:
+
+    def score(size, alpha):
         hypotheses = translate_sentences(translator_or_export, sources, batch_size,
-                                         alpha=alpha)
-        scores[alpha] = bleu_scores(hypotheses, references)["bleu"]
-        if len(scores) > 1 and scores[alpha] < max(scores.values()):
+                                         alpha=alpha, no_repeat_ngram_size=size)
+        scores[size, alpha] = bleu_scores(hypotheses, references)["bleu"]
+        return scores[size, alpha]
+
+    size = _first_best({size: score(size, alphas[0]) for size in ngram_sizes})
+    by_alpha = {alphas[0]: scores[size, alphas[0]]}
+    for alpha in alphas[1:]:
+        by_alpha[alpha] = score(size, alpha)
+        if by_alpha[alpha] < max(by_alpha.values()):
             break
+    return {"no_repeat_ngram_size": size, "alpha": _first_best(by_alpha)}, scores
+
+
+def _first_best(scores):
+    """The first key of `scores` with the highest value."""
     best = max(scores.values())
-    return next(alpha for alpha, score in scores.items() if score == best), scores
+    return next(key for key, value in scores.items() if value == best)
 
 
 def _translate_function(translator_or_export):

@@ -7,8 +7,9 @@
                               each, ckpt-<step>.rng.npy (dropout's random state)
     RUN/logs/, RUN/log.csv    TensorBoard and CSV logs, one row per checkpoint
     RUN/averaged.weights.h5   the average of the last checkpoints (Sec. 6.1)
-    RUN/decoding.json         {"alpha": the length penalty chosen on dev pairs when
-                               training ended, "dev_bleu": {alpha: sacreBLEU}, "sentences"}
+    RUN/decoding.json         the request settings chosen on dev pairs when training
+                              ended: {"alpha", "no_repeat_ngram_size", "sentences",
+                              "tried": [{"alpha", "no_repeat_ngram_size", "bleu"}]}
     RUN/model.keras           the final model, compiled, with its optimizer
     RUN/.lock                 names the trainer writing the run (`durable.RunLock`)
 
@@ -148,16 +149,19 @@ class Run:
 
     # decoding.json --------------------------------------------------------
 
-    def write_decoding(self, alpha, dev_bleu, sentences):
-        """Records the length penalty `alpha` chosen for the run's translations on
-        `sentences` dev sentences, with `dev_bleu`, the sacreBLEU of each alpha
-        tried (`evaluation.choose_alpha`); `alpha` None removes the record."""
-        if alpha is None:
+    def write_decoding(self, settings, scores, sentences):
+        """Records the request `settings` chosen for the run's translations
+        (`{"alpha": 0.8, "no_repeat_ngram_size": 4}`) on `sentences` dev
+        sentences, with `scores`, `{(no_repeat_ngram_size, alpha): sacreBLEU}` of
+        each pair tried (`evaluation.choose_decoding`); `settings` None removes
+        the record."""
+        if settings is None:
             if os.path.exists(self.decoding_path):
                 os.remove(self.decoding_path)
             return
-        values = {"alpha": alpha, "dev_bleu": {f"{a:g}": round(b, 2) for a, b in dev_bleu.items()},
-                  "sentences": sentences}
+        tried = [{"no_repeat_ngram_size": size, "alpha": alpha, "bleu": round(bleu, 2)}
+                 for (size, alpha), bleu in scores.items()]
+        values = {**settings, "sentences": sentences, "tried": tried}
 
         def write(path):
             with open(path, "w") as f:
@@ -166,16 +170,24 @@ class Run:
         durable.write_atomically(self.decoding_path, write)
 
     def decoding_settings(self):
-        """The `DecodingConfig` fields this run chose for its translations
-        (`{"alpha": 1.0}`), or `{}` for the paper's."""
+        """The request settings this run chose for its translations
+        (`{"alpha": 1.0, "no_repeat_ngram_size": 4}`; a run of 2026-11-26 chose
+        alpha only), or `{}` for the paper's."""
         if not os.path.exists(self.decoding_path):
             return {}
         with open(self.decoding_path) as f:
             values = json.load(f)
-        if not isinstance(values, dict) or not isinstance(values.get("alpha"), (int, float)):
-            raise ValueError(f"{self.decoding_path} has no number \"alpha\"; remove the file "
-                             "to translate with the paper's length penalty, 0.6")
-        return {"alpha": float(values["alpha"])}
+        size = values.get("no_repeat_ngram_size", 0) if isinstance(values, dict) else None
+        if not isinstance(values, dict) or not isinstance(values.get("alpha"), (int, float)) \
+                or not isinstance(size, int) or size < 0:
+            raise ValueError(f"{self.decoding_path} needs a number \"alpha\" (and an int "
+                             "\"no_repeat_ngram_size\" >= 0, if any); remove the file to "
+                             "translate with the paper's decoding (alpha 0.6, no n-gram "
+                             "blocked)")
+        settings = {"alpha": float(values["alpha"])}
+        if size:
+            settings["no_repeat_ngram_size"] = size
+        return settings
 
     # The vocabulary -------------------------------------------------------
 

@@ -19,6 +19,19 @@ def static_max_output_length(max_output_length):
     return value
 
 
+def ngram_size(no_repeat_ngram_size):
+    """`no_repeat_ngram_size` as a Python int >= 0, or as an int32 scalar when
+    it is a tensor (a request's setting, checked by the caller)."""
+    if tf.is_tensor(no_repeat_ngram_size):
+        return tf.cast(no_repeat_ngram_size, tf.int32)
+    if isinstance(no_repeat_ngram_size, bool) or not isinstance(no_repeat_ngram_size, int) \
+            or no_repeat_ngram_size < 0:
+        raise ValueError(
+            "no_repeat_ngram_size must be an int >= 0 (0 blocks nothing). "
+            f"Received: no_repeat_ngram_size={no_repeat_ngram_size!r}")
+    return no_repeat_ngram_size
+
+
 def check_initial_ids(initial_ids):
     initial_ids = tf.convert_to_tensor(initial_ids)
     if initial_ids.shape.rank != 1:

@@ -14,7 +14,7 @@ signatures:
 | signature         | inputs                                   | outputs                              |
 |-------------------|------------------------------------------|--------------------------------------|
 | `serving_default` | `text` string (B,)                       | `translation` string (B,), `score` float32 (B,) |
-| `translate`       | `text`, optional `beam_size`, `alpha`, `extra_length` | as `serving_default`   |
+| `translate`       | `text`, optional `beam_size`, `alpha`, `extra_length`, `no_repeat_ngram_size` | as `serving_default` |
 | `translate_nbest` | as `translate`                           | `translations` string (B, K), `scores` float32 (B, K) |
 | `translate_ids`   | `ids` int32 (B, S), optional knobs       | `ids` int32 (B, T), `score` float32 (B,) |
 | `translate_aligned` | as `translate`                         | as `translate`, and the best translation's `target_tokens`, `alignment`, `source_tokens` |
@@ -30,7 +30,9 @@ pieces scored ("" after the end). `alignment` gives, for each, the index into
 Optional inputs: the knobs are scalar inputs with defaults in the SignatureDef
 (`PlaceholderWithDefault`), which TF Serving's gRPC Predict API may leave out;
 its REST API needs every input of a signature with more than one (call
-`serving_default`, or send all four of `translate`).
+`serving_default`, or send all five of `translate`). `no_repeat_ngram_size` n > 0
+keeps a translation from repeating any n-gram of its pieces (0: the paper's
+search; the export's default is the run's choice, see `export`).
 
 The settings (beam sizes, defaults, limits, XLA, precision) are one
 `DecodingConfig`. Beam size at run time: one of the sizes traced at export
@@ -54,8 +56,9 @@ Unicode spaces) become one space, ends stripped, as in the training text; an
 empty or whitespace-only string translates to "" with score 0.0; invalid UTF-8
 bytes become U+FFFD; a source longer than `max_input_length` tokens (default: the
 model's `max_positions`) is truncated to them; an empty batch gives empty
-outputs; a `beam_size` outside the traced set, a negative `extra_length`, a
-non-finite `alpha` or ids outside the vocabulary give an `InvalidArgument` error
+outputs; a `beam_size` outside the traced set, a negative `extra_length` or
+`no_repeat_ngram_size`, a non-finite `alpha` or ids outside the vocabulary give
+an `InvalidArgument` error
 that says what was received.
 
 Without tensorflow-text (which stock TF Serving links in), `Translator(model,
@@ -85,6 +88,7 @@ KNOB_SPECS = (
     tf.TensorSpec([], tf.int32, name="beam_size"),
     tf.TensorSpec([], tf.float32, name="alpha"),
     tf.TensorSpec([], tf.int32, name="extra_length"),
+    tf.TensorSpec([], tf.int32, name="no_repeat_ngram_size"),
 )
 
 
@@ -195,35 +199,36 @@ class Translator(tf.Module):
     # Signatures --------------------------------------------------------------
 
     def _with_knobs(self, body, input_spec):
-        """`body(inputs, beam_size, alpha, extra_length)` as a `tf.function` whose
-        knobs are optional inputs defaulting to this translator's settings,
-        which become the SignatureDef's defaults."""
+        """`body(inputs, beam_size, alpha, extra_length, no_repeat_ngram_size)`
+        as a `tf.function` whose knobs are optional inputs defaulting to this
+        translator's settings, which become the SignatureDef's defaults."""
         beam_size = tf.constant(self.config.beam_size, tf.int32)
         alpha = tf.constant(self.config.alpha, tf.float32)
         extra_length = tf.constant(self.config.extra_length, tf.int32)
+        no_repeat_ngram_size = tf.constant(self.config.no_repeat_ngram_size, tf.int32)
         if input_spec.name == "ids":
-            def function(ids, beam_size=beam_size, alpha=alpha, extra_length=extra_length):
-                return body(ids, beam_size, alpha, extra_length)
+            def function(ids, beam_size=beam_size, alpha=alpha, extra_length=extra_length,
+                         no_repeat_ngram_size=no_repeat_ngram_size):
+                return body(ids, beam_size, alpha, extra_length, no_repeat_ngram_size)
         else:
-            def function(text, beam_size=beam_size, alpha=alpha, extra_length=extra_length):
-                return body(text, beam_size, alpha, extra_length)
+            def function(text, beam_size=beam_size, alpha=alpha, extra_length=extra_length,
+                         no_repeat_ngram_size=no_repeat_ngram_size):
+                return body(text, beam_size, alpha, extra_length, no_repeat_ngram_size)
         function.__doc__ = body.__doc__
         return tf.function(function, input_signature=[input_spec, *KNOB_SPECS], autograph=False)
 
-    def _translate(self, text, beam_size, alpha, extra_length):
+    def _translate(self, text, *settings):
         """Best translation and its score: `{"translation": (B,), "score": (B,)}`."""
-        ids, scores, lengths = self.search(self.text.tokens(text), beam_size, alpha,
-                                           extra_length)
+        ids, scores, lengths = self.search(self.text.tokens(text), *settings)
         empty = tf.equal(lengths, 0)  # (B,)
         return {
             "translation": tf.where(empty, "", self.text.detokenize(ids[:, 0])),
             "score": tf.where(empty, 0.0, scores[:, 0]),
         }
 
-    def _translate_nbest(self, text, beam_size, alpha, extra_length):
+    def _translate_nbest(self, text, *settings):
         """The K best: `{"translations": (B, K), "scores": (B, K)}`, best first."""
-        ids, scores, lengths = self.search(self.text.tokens(text), beam_size, alpha,
-                                           extra_length)
+        ids, scores, lengths = self.search(self.text.tokens(text), *settings)
         shape = tf.shape(ids)  # (B, K, T)
         texts = self.text.detokenize(tf.reshape(ids, [-1, shape[2]]))
         texts = tf.reshape(texts, shape[:2])  # (B, K)
@@ -235,10 +240,10 @@ class Translator(tf.Module):
             "scores": tf.where(empty, tf.where(first, 0.0, float("-inf")), scores),
         }
 
-    def _translate_aligned(self, text, beam_size, alpha, extra_length):
+    def _translate_aligned(self, text, *settings):
         """The best translation, its score, and each of its pieces' source piece."""
         tokens = self.text.tokens(text)
-        ids, scores, lengths = self.search(tokens, beam_size, alpha, extra_length)
+        ids, scores, lengths = self.search(tokens, *settings)
         best = ids[:, 0]  # (B, T): the pieces, EOS, padding
         outputs = self._forced(tokens, best)
         empty = tf.equal(lengths, 0)
@@ -290,7 +295,7 @@ class Translator(tf.Module):
             "source_tokens": tf.where(source_real, self.text.pieces(source_ids), ""),
         }
 
-    def _translate_ids(self, ids, beam_size, alpha, extra_length):
+    def _translate_ids(self, ids, *settings):
         """Ids in, ids out: `{"ids": (B, T), "score": (B,)}`, without BOS/EOS."""
         vocab_size = self.model.config.vocab_size
         ids = self.text.within_batch_limit(ids)
@@ -300,7 +305,7 @@ class Translator(tf.Module):
             ids, vocab_size, message=f"translate_ids: ids must be < vocab_size={vocab_size}"
         )
         tokens = tf.RaggedTensor.from_tensor(ids, padding=PAD_ID)
-        best, scores, lengths = self.search(tokens, beam_size, alpha, extra_length)
+        best, scores, lengths = self.search(tokens, *settings)
         empty = tf.equal(lengths, 0)[:, tf.newaxis]  # (B, 1)
         best = best[:, 0]  # (B, T)
         best = tf.where(tf.equal(best, EOS_ID) | empty, PAD_ID, best)

@@ -40,7 +40,7 @@ class BeamSearches:
         self.traced = [[self._traced(k, xla, output_kernel) for k in config.beam_sizes
                         if xla in modes] for xla in (False, True)]
 
-    def __call__(self, tokens, beam_size, alpha, extra_length):
+    def __call__(self, tokens, beam_size, alpha, extra_length, no_repeat_ngram_size):
         """Beam search over ragged source tokens `(B, None)`.
 
         Returns ids `(B, K, T)` (EOS included, padding after), scores `(B, K)`
@@ -50,6 +50,9 @@ class BeamSearches:
         tf.debugging.assert_non_negative(extra_length,
                                          message="extra_length must be >= 0; received")
         tf.debugging.assert_all_finite(alpha, message="alpha must be finite; received")
+        tf.debugging.assert_non_negative(
+            no_repeat_ngram_size, message="no_repeat_ngram_size must be >= 0 (0 blocks "
+            "nothing); received")
         # No more than the output limit, so that adding lengths cannot overflow.
         extra_length = tf.minimum(extra_length, config.max_output_length)
         tokens = tf.cast(tokens, tf.int32)[:, : config.max_input_length]
@@ -57,7 +60,8 @@ class BeamSearches:
         batch_size = tf.shape(lengths)[0]
 
         def search(xla):
-            return self._padded(xla, tokens, lengths, beam_size, alpha, extra_length)
+            return self._padded(xla, tokens, lengths, beam_size, alpha, extra_length,
+                                no_repeat_ngram_size)
         if self.shapes.xla_small_requests_only:
             ids, scores = tf.cond(batch_size <= self.shapes.xla_max_batch_size,
                                   lambda: search(True), lambda: search(False))
@@ -65,7 +69,8 @@ class BeamSearches:
             ids, scores = search(self.shapes.xla)
         return ids[:batch_size], scores[:batch_size], lengths
 
-    def _padded(self, xla, tokens, lengths, beam_size, alpha, extra_length):
+    def _padded(self, xla, tokens, lengths, beam_size, alpha, extra_length,
+                no_repeat_ngram_size):
         """The search of `beam_size` (with XLA or not) over the padded request:
         ids and scores of the padded batch."""
         source_ids, output_limits, longest_output = self.shapes.padded(
@@ -81,7 +86,7 @@ class BeamSearches:
             index = tf.argmax(tf.cast(tf.equal(beam_size, sizes), tf.int32), output_type=tf.int32)
 
         def search(source_ids, output_limits):
-            args = (source_ids, output_limits, longest_output, alpha)
+            args = (source_ids, output_limits, longest_output, alpha, no_repeat_ngram_size)
             if len(searches) == 1:
                 with tf.control_dependencies([check]):
                     return searches[0](*args)
@@ -95,7 +100,7 @@ class BeamSearches:
         """The beam search for one K, a tf.function over padded source ids."""
         model, config = self.model, self.config
 
-        def search(source_ids, output_limits, longest_output, alpha):
+        def search(source_ids, output_limits, longest_output, alpha, no_repeat_ngram_size):
             batch_size = tf.shape(source_ids)[0]
             # The encoder runs once per source; the K hypotheses of a source share its cache.
             cache = model.initial_cache(
@@ -112,6 +117,7 @@ class BeamSearches:
                 alpha=alpha,
                 max_output_lengths=output_limits,
                 padding_id=PAD_ID,
+                no_repeat_ngram_size=no_repeat_ngram_size,
                 ignore_eos=config.ignore_eos,
                 reorder_cache=model.reorder_cache,
                 # Finished sources leave the batch; XLA's shapes cannot change.
@@ -131,6 +137,7 @@ class BeamSearches:
                 tf.TensorSpec([None], tf.int32),  # output_limits (B,)
                 tf.TensorSpec([], tf.int32),  # longest_output T (a constant for XLA)
                 tf.TensorSpec([], tf.float32),  # alpha
+                tf.TensorSpec([], tf.int32),  # no_repeat_ngram_size
             ],
         )
 

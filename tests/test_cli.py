@@ -161,7 +161,8 @@ def _main(module, monkeypatch, capsys, *flags, translators=None):
 
 def _translations(translator, sentences, **knobs):
     """`translator.translate`'s translations, its knobs given as Python values."""
-    dtypes = dict(beam_size=tf.int32, alpha=tf.float32, extra_length=tf.int32)
+    dtypes = dict(beam_size=tf.int32, alpha=tf.float32, extra_length=tf.int32,
+                  no_repeat_ngram_size=tf.int32)
     outputs = translator.translate(
         tf.constant(sentences), **{k: tf.constant(v, dtypes[k]) for k, v in knobs.items()})
     return [t.decode() for t in outputs["translation"].numpy()]
@@ -226,6 +227,8 @@ def test_decoding_flags_and_weights_reach_the_search(
          dict(extra_length=3, beam_size=1)),
         (["--extra-length", "3", "--alpha", "1.5"], "averaged", dict(extra_length=3, alpha=1.5)),
         (["--extra-length", "3", "--weights", "final"], "final", dict(extra_length=3)),
+        (["--extra-length", "3", "--no-repeat-ngram-size", "1"], "averaged",
+         dict(extra_length=3, no_repeat_ngram_size=1)),
     ]:
         _, recording = _main(module, monkeypatch, capsys, "--run", run_dir, *corpus,
                              "--output", output, *flags, translators=run_translators)
@@ -340,10 +343,11 @@ def test_export_flags_land_where_they_act(run_dir, tokenizer, tmp_path, monkeypa
     assert sorted(ids_only.signatures) == ["serving_default", "translate_ids"]
 
 
-def test_export_takes_the_alpha_the_run_chose_unless_told(run_dir, tmp_path, monkeypatch,
+def test_export_takes_the_decoding_the_run_chose_unless_told(run_dir, tmp_path, monkeypatch,
                                                           capsys):
-    """The length penalty train chose on dev pairs (the run's decoding.json) is
-    the export's default for requests; --alpha wins over it."""
+    """The length penalty and n-gram blocking train chose on dev pairs (the
+    run's decoding.json) are the export's defaults for requests; --alpha and
+    --no-repeat-ngram-size win over them, each on its own."""
     import shutil
 
     from keras_transformer import runs
@@ -352,21 +356,24 @@ def test_export_takes_the_alpha_the_run_chose_unless_told(run_dir, tmp_path, mon
 
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
-    runs.Run(run).write_decoding(1.0, {0.6: 20.0, 0.8: 21.0, 1.0: 21.5, 1.2: 19.0}, 300)
+    runs.Run(run).write_decoding({"alpha": 1.0, "no_repeat_ngram_size": 4},
+                                 {(4, 0.6): 20.0, (0, 0.6): 19.0, (4, 0.8): 21.0,
+                                  (4, 1.0): 21.5, (4, 1.2): 19.0}, 300)
     exported = []
 
     def export_translator(translator, out, *args, **kwargs):  # no search traced
-        exported.append(translator.config.alpha)
+        exported.append((translator.config.alpha, translator.config.no_repeat_ngram_size))
         return os.path.join(out, "1")
 
     monkeypatch.setattr(saved_model, "export_translator", export_translator)
     monkeypatch.setattr(saved_model, "write_model_server_files",
                         lambda out, *args: [os.path.join(out, name)
                                             for name in ("models.config", "batching")])
-    for flags in ((), ("--alpha", "0.7")):
+    for flags in ((), ("--alpha", "0.7"), ("--no-repeat-ngram-size", "0"),
+                  ("--alpha", "0.7", "--no-repeat-ngram-size", "3")):
         _main(export, monkeypatch, capsys, "--run", run, "--out", tmp_path / "out",
               "--beam-sizes", "1", "--beam-size", "1", "--jit-compile", "off", *flags)
-    assert exported == [1.0, 0.7]
+    assert exported == [(1.0, 4), (0.7, 4), (1.0, 0), (0.7, 3)]
 
 
 def test_evaluate_reads_corpora_as_train_does(tmp_path):

@@ -290,11 +290,14 @@ class _PrefixModel:
     def uncached_state(self):
         return {"source": tf.constant(self.source)}
 
-    def exhaustive_search(self, example, start_id, max_output_length, alpha, ignore_eos=False):
+    def exhaustive_search(self, example, start_id, max_output_length, alpha, ignore_eos=False,
+                          no_repeat_ngram_size=0):
         """Every complete hypothesis with its score, best first (the slow twin).
 
         A hypothesis is complete when it ends in eos (unless ignore_eos) or has
         max_output_length tokens; its score is log P / lp(|Y|), |Y| counting eos.
+        With `no_repeat_ngram_size` n, a hypothesis whose generated tokens hold
+        an n-gram twice is not one (the others keep their probabilities).
         Float64 throughout.
         """
         complete = []
@@ -308,6 +311,8 @@ class _PrefixModel:
                 if token == PAD:
                     continue
                 output = prefix[1:] + [token]
+                if _repeats_an_ngram(output, no_repeat_ngram_size):
+                    continue
                 total = log_prob + log_probs[token]
                 if (token == _R_EOS and not ignore_eos) or len(output) == max_output_length:
                     complete.append((total / _penalty(len(output), alpha), output))
@@ -317,6 +322,12 @@ class _PrefixModel:
         extend([start_id], 0.0)
         complete.sort(key=lambda item: -item[0])
         return complete
+
+
+def _repeats_an_ngram(tokens, size):
+    """Whether the last n-gram of `tokens` came before (size 0: never)."""
+    grams = [tuple(tokens[i:i + size]) for i in range(len(tokens) - size + 1)]
+    return size > 0 and bool(grams) and grams[-1] in grams[:-1]
 
 
 def _select_tiled(beam_size):
@@ -370,6 +381,37 @@ class TestExhaustive:
             np.testing.assert_array_equal(scores[b, found:], -np.inf)
             np.testing.assert_array_equal(ids[b, found:], PAD)
         assert found == 7
+
+    @pytest.mark.parametrize("size", [1, 2])
+    @pytest.mark.parametrize("leave", [False, True], ids=["", "leaving-the-batch"])
+    def test_blocking_repeated_ngrams_equals_exhaustive_search_without_them(self, size, leave):
+        """The start token is no part of an n-gram: starting from a, a may
+        still come first."""
+        model = _PrefixModel(seed=3, batch_size=3)
+        starts, limits, beam_size = [_R_A, _R_B, _R_A], [4, 4, 3], 12
+        ids, scores = _numpy(
+            decoding.beam_search(
+                model.cached_fn(check_path=True), tf.constant(starts), model.cached_state(),
+                vocab_size=_VOCAB, max_output_length=_MAX_LENGTH, eos_id=_R_EOS,
+                beam_size=beam_size, alpha=0.6, max_output_lengths=tf.constant(limits),
+                no_repeat_ngram_size=size,
+                select_examples=_select_tiled(beam_size) if leave else None,
+            )
+        )
+        unblocked = model.exhaustive_search(0, _R_A, 4, 0.6)
+        assert any(_repeats_an_ngram(output[:end], size) for _, output in unblocked
+                   for end in range(1, len(output) + 1))  # there is something to block
+        for b, (start, limit) in enumerate(zip(starts, limits)):
+            expected = model.exhaustive_search(b, start, limit, 0.6,
+                                               no_repeat_ngram_size=size)[:beam_size]
+            found = len(expected)
+            np.testing.assert_allclose(scores[b, :found], [score for score, _ in expected],
+                                       rtol=1e-5)
+            np.testing.assert_array_equal(
+                ids[b, :found], [_pad(output, _MAX_LENGTH) for _, output in expected])
+            np.testing.assert_array_equal(scores[b, found:], -np.inf)
+            if b == 0:  # the start token a is not counted: a may come first
+                assert any(output[0] == _R_A for _, output in expected)
 
     def test_ignore_eos_equals_exhaustive_search(self):
         # 3**t <= 9 live hypotheses at step t < 3: exact with beam_size 9.
@@ -434,6 +476,46 @@ class TestEquivalences:
         np.testing.assert_allclose(beam_scores[:, 0], greedy_scores, rtol=1e-6)
 
 
+    @pytest.mark.parametrize("size", [1, 2, 3])
+    def test_beam_size_1_with_alpha_0_equals_greedy_when_blocking_ngrams(self, size):
+        model = _PrefixModel(seed=8, batch_size=6)
+        starts = tf.constant([_R_A, _R_B, _R_A, _R_B, _R_A, _R_B])
+        kwargs = dict(max_output_length=_MAX_LENGTH, eos_id=_R_EOS, no_repeat_ngram_size=size)
+        greedy_ids, greedy_scores = _numpy(decoding.greedy_search(
+            model.cached_fn(), starts, model.cached_state(), **kwargs))
+        beam_ids, beam_scores = _numpy(decoding.beam_search(
+            model.cached_fn(), starts, model.cached_state(), vocab_size=_VOCAB, beam_size=1,
+            alpha=0.0, **kwargs))
+        np.testing.assert_array_equal(beam_ids[:, 0], greedy_ids)
+        np.testing.assert_allclose(beam_scores[:, 0], greedy_scores, rtol=1e-6)
+        for row in greedy_ids:
+            tokens = [token for token in row if token != PAD]
+            assert not any(_repeats_an_ngram(tokens[:end], size)
+                           for end in range(1, len(tokens) + 1))
+
+
+class TestRepeatedNgramBlocks:
+    @pytest.mark.parametrize("size", [1, 2, 3, 4])
+    def test_equals_looking_back_over_each_hypothesis(self, size):
+        rng = np.random.default_rng(size)
+        rows, columns, vocab = 7, 12, 5
+        # Few tokens: many repeated n-grams. Column 0 is the start token.
+        ids = rng.integers(0, 3, size=(rows, columns)).astype("int32")
+        ids[:, 0] = 4
+        for step in range(columns):
+            buffer = ids.copy()
+            buffer[:, step + 1:] = 0  # padding after the last written column
+            blocks = beam_candidates.repeated_ngram_blocks(
+                tf.constant(buffer), tf.constant(step), size, vocab).numpy()
+            for row in range(rows):
+                generated = list(buffer[row, 1:step + 1])
+                expected = [
+                    -np.inf if _repeats_an_ngram(generated + [token], size) else 0.0
+                    for token in range(vocab)]
+                np.testing.assert_array_equal(blocks[row], expected, err_msg=f"{step=} {row=}")
+        assert np.isinf(blocks).any() and (blocks == 0).any()
+
+
 class TestLeavingTheBatch:
     def test_equals_the_search_that_keeps_every_example(self):
         """Eight examples of different limits, in a graph of unknown batch size
@@ -484,6 +566,25 @@ class TestBestExtensions:
                 tf.constant(logits), tf.constant(alive), k, block_size)
             np.testing.assert_array_equal(indices, expected)
             np.testing.assert_allclose(values, np.take_along_axis(table, expected, 1), rtol=1e-6)
+
+    def test_blocked_tokens_are_left_out_and_the_others_keep_their_probabilities(self):
+        rng = np.random.default_rng(3)
+        batch, beams, vocab, k = 4, 3, 60, 6
+        logits = rng.normal(0, 2, size=(batch * beams, vocab)).astype("float32")
+        alive = rng.normal(-2, 1, size=(batch, beams)).astype("float32")
+        blocks = np.where(rng.random((batch * beams, vocab)) < 0.3, -np.inf, 0.0)
+        blocks[:, np.argmax(logits, axis=1)] = -np.inf  # each row's best token among them
+        blocks = blocks.astype("float32")
+        # Blocked after the log-softmax: no renormalization over the others.
+        log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        table = (alive[:, :, None] + (log_probs + blocks).reshape(batch, beams, vocab)).reshape(
+            batch, beams * vocab)
+        expected = np.argsort(-table, axis=1, kind="stable")[:, :k]
+        for block_size in (4, 10, None):
+            values, indices = beam_candidates.best_extensions(
+                tf.constant(logits), tf.constant(alive), k, block_size, tf.constant(blocks))
+            np.testing.assert_array_equal(indices, expected)
+            np.testing.assert_allclose(values, np.take_along_axis(table, expected, 1), rtol=1e-5)
 
     def test_log_normalizers_equal_logsumexp_where_other_probabilities_underflow(self):
         """log Z from the largest logit's softmax probability, against float64."""
@@ -554,6 +655,26 @@ class TestCompiled:
 
         self._check(search)
 
+    @pytest.mark.parametrize("size", [0, 1, 2])
+    def test_beam_search_blocking_repeated_ngrams(self, size):
+        """A request's setting (a tensor: `tf.cond` inside the loop) gives what
+        a Python int gives."""
+        model = _PrefixModel(seed=4, batch_size=3)
+
+        def search(starts, limits, source, size=tf.constant(size)):
+            return decoding.beam_search(
+                model.cached_fn(), starts, model.cached_state(source), vocab_size=_VOCAB,
+                max_output_length=_MAX_LENGTH, eos_id=_R_EOS, beam_size=2,
+                max_output_lengths=limits, no_repeat_ngram_size=size,
+            )
+
+        self._check(search)
+        starts, limits, seed = self._INPUTS[0]
+        source = np.random.default_rng(seed).normal(size=(3, _VOCAB)).astype(np.float32)
+        args = (tf.constant(starts), tf.constant(limits), tf.constant(source))
+        for expected, found in zip(_numpy(search(*args, size=size)), _numpy(search(*args))):
+            np.testing.assert_array_equal(found, expected)
+
     def test_greedy_search(self):
         model = _PrefixModel(seed=5, batch_size=3)
 
@@ -578,5 +699,8 @@ class TestErrors:
             decoding.greedy_search(fn, starts, {}, max_output_length=0, eos_id=EOS)
         with pytest.raises(ValueError, match="vocab_size=7"):
             decoding.beam_search(fn, starts, {}, vocab_size=7, max_output_length=3, eos_id=EOS)
+        with pytest.raises(ValueError, match="Received: no_repeat_ngram_size=-1"):
+            decoding.beam_search(fn, starts, {}, vocab_size=5, max_output_length=3, eos_id=EOS,
+                                 no_repeat_ngram_size=-1)
         with pytest.raises(ValueError, match="initial_ids must be a vector"):
             decoding.greedy_search(fn, tf.constant([[BOS]]), {}, max_output_length=3, eos_id=EOS)

@@ -148,50 +148,74 @@ class LengthByAlpha:
     """A stand-in translator whose translation of a source is its reference cut
     to `alpha / best` of its words, or grown by a repeated word beyond `best`:
     the length penalty `best` translates best, as a larger alpha lengthens beam
-    search's translations."""
+    search's translations. `blocking` says what blocking repeated n-grams does:
+    "neutral" nothing; "mends" without it, every translation ends in a loop;
+    "hurts" with it, the first word of each is lost (a repetition the
+    reference has)."""
 
-    def __init__(self, references, best):
-        self.references, self.best, self.alphas = references, best, []
+    def __init__(self, references, best, blocking="neutral"):
+        self.references, self.best, self.blocking = references, best, blocking
+        self.requests = []
 
-    def translate(self, batch, alpha):
-        alpha = float(alpha.numpy())
-        self.alphas.append(alpha)
+    def translate(self, batch, alpha, no_repeat_ngram_size):
+        alpha, size = round(float(alpha.numpy()), 6), int(no_repeat_ngram_size.numpy())
+        self.requests.append((size, alpha))
         translations = []
         for source in batch.numpy():
             words = self.references[source.decode()].split()
             kept = max(1, round(len(words) * min(1.0, alpha / self.best)))
             extra = round(len(words) * max(0.0, alpha - self.best))
-            translations.append(" ".join(words[:kept] + ["y"] * extra))
+            words = words[:kept] + ["y"] * extra
+            if self.blocking == "mends" and not size:
+                words += ["de los hijos"] * 3
+            if self.blocking == "hurts" and size:
+                words = words[1:]
+            translations.append(" ".join(words))
         return {"translation": tf.constant(translations)}
 
 
-@pytest.mark.parametrize("best, chosen, tried", [
+def _pairs():
+    return [(source, target) for source, target in zip(SENTENCES, SENTENCES[1:] + SENTENCES[:1])]
+
+
+@pytest.mark.parametrize("blocking, size", [("neutral", 4), ("mends", 4), ("hurts", 0)])
+@pytest.mark.parametrize("best, chosen, alphas", [
     (1.0, 1.0, [0.6, 0.8, 1.0, 1.2]),  # rises to 1.0, falls at 1.2
     (0.8, 0.8, [0.6, 0.8, 1.0]),  # stops at the first fall
     (0.5, 0.6, [0.6, 0.8]),  # the paper's, when a larger alpha only falls
     (1.5, 1.2, [0.6, 0.8, 1.0, 1.2]),  # the largest tried
 ])
-def test_choose_alpha_takes_the_best_dev_bleu_and_stops_once_it_falls(best, chosen, tried):
-    pairs = [(source, target) for source, target in zip(SENTENCES, SENTENCES[1:] + SENTENCES[:1])]
-    translator = LengthByAlpha(dict(pairs), best)
-    alpha, scores = evaluation.choose_alpha(translator, pairs)
-    assert alpha == chosen and list(scores) == tried
-    assert sorted(set(translator.alphas)) == pytest.approx(tried)
-    for a, score in scores.items():  # each score is sacreBLEU of that alpha's translations
-        hypotheses = LengthByAlpha(dict(pairs), best).translate(
-            tf.constant([source for source, _ in pairs]), tf.constant(a))["translation"]
+def test_choose_decoding_blocks_unless_that_scores_lower_then_takes_the_best_alpha(
+        blocking, size, best, chosen, alphas):
+    pairs = _pairs()
+    translator = LengthByAlpha(dict(pairs), best, blocking)
+    settings, scores = evaluation.choose_decoding(translator, pairs)
+    assert settings == {"no_repeat_ngram_size": size, "alpha": chosen}
+    # Both sizes at the paper's alpha, then the alphas with the size chosen.
+    tried = [(4, 0.6), (0, 0.6)] + [(size, alpha) for alpha in alphas[1:]]
+    assert list(scores) == tried
+    assert sorted(set(translator.requests)) == sorted(tried)
+    for (n, a), score in scores.items():  # each is sacreBLEU of those translations
+        hypotheses = LengthByAlpha(dict(pairs), best, blocking).translate(
+            tf.constant([source for source, _ in pairs]), tf.constant(a),
+            tf.constant(n))["translation"]
         assert score == pytest.approx(sacrebleu.corpus_bleu(
             [h.decode() for h in hypotheses.numpy()], [[t for _, t in pairs]]).score)
 
 
-def test_choose_alpha_keeps_the_papers_on_a_tie_and_checks_its_alphas():
+def test_choose_decoding_keeps_the_first_on_a_tie_and_checks_its_arguments():
     pairs = list(zip(SENTENCES, SENTENCES))
-    same = LengthByAlpha(dict(pairs), best=0.1)  # every alpha translates alike
-    same.translate = lambda batch, alpha: {"translation": batch}
-    assert evaluation.choose_alpha(same, pairs) == (0.6, {a: pytest.approx(100.0)
-                                                          for a in evaluation.ALPHAS})
+    same = LengthByAlpha(dict(pairs), best=0.1)  # every setting translates alike
+    same.translate = lambda batch, **settings: {"translation": batch}
+    settings, scores = evaluation.choose_decoding(same, pairs)
+    assert settings == {"no_repeat_ngram_size": 4, "alpha": 0.6}
+    assert scores == {(4, 0.6): pytest.approx(100.0), (0, 0.6): pytest.approx(100.0),
+                      (4, 0.8): pytest.approx(100.0), (4, 1.0): pytest.approx(100.0),
+                      (4, 1.2): pytest.approx(100.0)}
     with pytest.raises(ValueError, match="increasing alphas"):
-        evaluation.choose_alpha(same, pairs, alphas=(1.0, 0.6))
+        evaluation.choose_decoding(same, pairs, alphas=(1.0, 0.6))
+    with pytest.raises(ValueError, match="at least one no_repeat_ngram_size"):
+        evaluation.choose_decoding(same, pairs, ngram_sizes=())
 
 
 def test_load_translator_from_a_run_and_errors(tmp_path, tokenizer):
@@ -201,15 +225,26 @@ def test_load_translator_from_a_run_and_errors(tmp_path, tokenizer):
     assert translator.config.beam_sizes == (4,)
     assert translator.config.alpha == 0.6  # the paper's: the run chose none
     # The length penalty train chose on dev pairs (decoding.json), unless told.
-    runs.Run(run).write_decoding(1.2, {0.6: 10.0, 1.0: 12.0, 1.2: 12.5}, 300)
-    assert loading.load_translator(run=run, beam_sizes=(4,)).config.alpha == 1.2
-    assert loading.load_translator(run=run, beam_sizes=(4,), alpha=0.8).config.alpha == 0.8
+    runs.Run(run).write_decoding({"alpha": 1.2, "no_repeat_ngram_size": 4},
+                                 {(4, 0.6): 10.0, (0, 0.6): 9.0, (4, 1.0): 12.0,
+                                  (4, 1.2): 12.5}, 300)
+    chosen = loading.load_translator(run=run, beam_sizes=(4,)).config
+    assert (chosen.alpha, chosen.no_repeat_ngram_size) == (1.2, 4)
+    told = loading.load_translator(run=run, beam_sizes=(4,), alpha=0.8,
+                                   no_repeat_ngram_size=0).config
+    assert (told.alpha, told.no_repeat_ngram_size) == (0.8, 0)
+    with open(runs.Run(run).decoding_path, "w") as f:  # a run of 2026-11-26: alpha only
+        f.write('{"alpha": 1.0, "dev_bleu": {"0.6": 10.0, "1": 11.0}, "sentences": 300}')
+    old = loading.load_translator(run=run, beam_sizes=(4,)).config
+    assert (old.alpha, old.no_repeat_ngram_size) == (1.0, 0)
     runs.Run(run).write_decoding(None, {}, 0)
-    assert loading.load_translator(run=run, beam_sizes=(4,)).config.alpha == 0.6
-    with open(runs.Run(run).decoding_path, "w") as f:
-        f.write('{"dev_bleu": {}}')
-    with pytest.raises(ValueError, match="decoding.json has no number \"alpha\"; remove"):
-        loading.load_translator(run=run)
+    paper = loading.load_translator(run=run, beam_sizes=(4,)).config
+    assert (paper.alpha, paper.no_repeat_ngram_size) == (0.6, 0)
+    for bad in ('{"dev_bleu": {}}', '{"alpha": 1.0, "no_repeat_ngram_size": -1}'):
+        with open(runs.Run(run).decoding_path, "w") as f:
+            f.write(bad)
+        with pytest.raises(ValueError, match="decoding.json needs a number \"alpha\".*remove"):
+            loading.load_translator(run=run)
     configured = loading.translator_from_run(run, "final", DecodingConfig(beam_sizes=(1,),
                                                                           beam_size=1))
     assert configured.config.beam_sizes == (1,)

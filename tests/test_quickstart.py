@@ -19,11 +19,11 @@ MIN_BLEU = 17.0
 
 
 def loops(sentence, times=3):
-    """Whether some run of 1 to 4 words comes `times` times in a row, case and
-    punctuation aside. A phrase that comes back after other words is not counted:
-    the 8-minute models still make such translations now and then ("La caridad tu
-    prójimo como á tu prójimo, y tu prójimo como á tu prójimo.", one run in three
-    on a 2-core Xeon, 2026-11-26), and beam search has nothing against them yet."""
+    """Whether the sentence loops, case and punctuation aside: a run of 1 to 4
+    words comes `times` times in a row ("de los hijos de los hijos de los
+    hijos"), or 4 words or more come back ("La caridad tu prójimo como á tu
+    prójimo, y tu prójimo como á tu prójimo.", 2026-11-26, before the run's
+    decoding blocked repeated 4-grams)."""
     words = [word.strip(string.punctuation + "¡¿«»").lower() for word in sentence.split()]
     words = [word for word in words if word]
     for n in range(1, 5):
@@ -31,7 +31,8 @@ def loops(sentence, times=3):
             if all(words[start:start + n] == words[start + k * n:start + (k + 1) * n]
                    for k in range(1, times)):
                 return True
-    return False
+    grams = [tuple(words[i:i + 4]) for i in range(len(words) - 3)]
+    return len(set(grams)) < len(grams)
 
 
 def test_loops_finds_a_repeated_phrase_and_not_a_repeated_word_apart():
@@ -39,6 +40,7 @@ def test_loops_finds_a_repeated_phrase_and_not_a_repeated_word_apart():
     assert loops("Y si si si no")
     assert loops("Y si, si, Si no")  # the old check saw "si," and "si" as two words
     assert loops("de los hijos, de los hijos; de los hijos.")
+    assert loops("La caridad tu prójimo como á tu prójimo, y tu prójimo como á tu prójimo.")
     assert not loops("Ciertamente tu prójimo como tu prójimo;")
     assert not loops("En el principio, oh Dios, y los cielos y la tierra.")
     assert not loops("Y llorando Jesús.")

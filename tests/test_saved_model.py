@@ -169,7 +169,8 @@ def test_optional_inputs_can_be_left_out_as_tf_serving_does(export_path, transla
     with tf.Graph().as_default(), tf.compat.v1.Session() as session:
         meta_graph = tf.compat.v1.saved_model.load(session, ["serve"], export_path)
         signature = meta_graph.signature_def["translate"]
-        assert set(signature.defaults) == {"beam_size", "alpha", "extra_length"}
+        assert set(signature.defaults) == {"beam_size", "alpha", "extra_length",
+                                           "no_repeat_ngram_size"}
         assert tf.make_ndarray(signature.defaults["beam_size"]) == 4
         outputs = session.run(
             {name: info.name for name, info in signature.outputs.items()},

@@ -544,17 +544,20 @@ def test_main_job_end_to_end(tmp_path):
     assert "Test BLEU on 5 sentences" in trained.stdout
     for name in ("config.json", "averaged.weights.h5", "model.keras", "vocab", "decoding.json"):
         assert os.path.exists(os.path.join(run, name)), name
-    # The length penalty chosen on 8 dev pairs, as evaluation.choose_alpha chooses.
+    # The decoding chosen on 8 dev pairs, as evaluation.choose_decoding chooses.
     with open(os.path.join(run, "decoding.json")) as f:
         decoding = json.load(f)
     assert decoding["sentences"] == 8 and decoding["alpha"] in evaluation.ALPHAS
+    assert decoding["no_repeat_ngram_size"] in evaluation.NGRAM_SIZES
     dev = data.load_parallel("bundled", "dev").take(8).as_numpy_iterator()
-    assert (decoding["alpha"], {f"{a:g}": round(b, 2) for a, b in evaluation.choose_alpha(
-        kt.translator_from_run(run), [(p["source"].decode(), p["target"].decode())
-                                      for p in dev])[1].items()}) \
-        == (decoding["alpha"], decoding["dev_bleu"])
-    assert re.search(rf"Length penalty for this run's translations: alpha {decoding['alpha']:.1f}, "
-                     r"chosen on 8 dev sentences \(sacreBLEU ", trained.stdout), trained.stdout
+    settings, scores = evaluation.choose_decoding(
+        kt.translator_from_run(run, no_repeat_ngram_size=0, alpha=0.6),
+        [(p["source"].decode(), p["target"].decode()) for p in dev])
+    assert {name: decoding[name] for name in settings} == settings
+    assert decoding["tried"] == [{"no_repeat_ngram_size": n, "alpha": a, "bleu": round(b, 2)}
+                                 for (n, a), b in scores.items()]
+    assert re.search(r"Decoding for this run's translations, chosen on 8 dev sentences: "
+                     rf"alpha {decoding['alpha']:.1f}, ", trained.stdout), trained.stdout
 
     env = dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
 
@@ -567,14 +570,16 @@ def test_main_job_end_to_end(tmp_path):
     script("export.py", "--run", run, "--out", export)
     assert os.path.exists(os.path.join(export, "1", "saved_model.pb"))
     with open(os.path.join(export, "1", "assets.extra", "config.json")) as f:
-        assert json.load(f)["translator"]["alpha"] == decoding["alpha"]
+        exported = json.load(f)["translator"]
+    assert (exported["alpha"], exported["no_repeat_ngram_size"]) \
+        == (decoding["alpha"], decoding["no_repeat_ngram_size"])
     translations = script("translate.py", "--export", export,
                           stdin="Jesus wept.\nLove your neighbor as yourself.\n")
     assert len(translations.splitlines()) == 2
     scores = script("evaluate.py", "--export", export, "--test", "bundled", "--split", "test",
                     "--limit", "10", "--no-progress")
     assert "BLEU" in scores
-    # train's test BLEU translated with the alpha it chose, as evaluate --run does.
+    # train's test BLEU translated with the decoding it chose, as evaluate --run does.
     scores = json.loads(script("evaluate.py", "--run", run, "--test", "bundled", "--split",
                                "test", "--limit", "5", "--no-progress", "--json"))
     assert f"Test BLEU on 5 sentences: {scores['bleu']:.2f} " in trained.stdout, trained.stdout

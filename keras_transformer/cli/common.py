@@ -172,7 +172,9 @@ def add_config_flags(parser, dataclass, defaults=True, skip=()):
 
 # What a run decodes with where a flag leaves it to the run, where that is not
 # the `DecodingConfig` field's default.
-RUN_DECODING = {"alpha": "the one chosen on its dev set as training ended, else 0.6"}
+RUN_DECODING = {"alpha": "the one chosen on its dev set as training ended, else 0.6",
+                "no_repeat_ngram_size": "the one chosen on its dev set as training ended, "
+                                        "else 0"}
 
 
 def add_decoding_flags(parser, names, defaults=None, reads="an export or a run"):

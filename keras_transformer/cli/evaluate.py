@@ -102,7 +102,7 @@ def main(argv=None, prog=PROG):
         translator = loading.load_translator(args.export, args.run, args.weights)
         result = evaluation.evaluate(
             translator, pairs, args.batch_size, args.progress, limit=args.limit,
-            beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,
+            **{name: getattr(args, name) for name in REQUEST_SETTINGS},
         )
     except (ValueError, FileNotFoundError) as error:
         print(f"{prog}: {error}", file=sys.stderr)

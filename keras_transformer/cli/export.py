@@ -6,7 +6,8 @@
 Writes EXPORT_DIR/<version>/ (saved_model.pb, variables/, assets/, and
 assets.extra/ with config.json and tf_serving_warmup_requests). The signatures:
 serving_default (text -> translation, score), translate and translate_nbest (text
-and optional beam_size, alpha, extra_length), translate_ids (ids -> ids, score).
+and optional beam_size, alpha, extra_length, no_repeat_ngram_size), translate_ids
+(ids -> ids, score).
 Before the version directory appears, the export is reloaded in a separate
 process that imports only tensorflow and tensorflow_text, and must translate a
 few sentences exactly as the in-memory model does.
@@ -31,8 +32,11 @@ DECODING_FLAGS = (*REQUEST_SETTINGS, "beam_sizes", "max_input_length", "max_batc
                   "max_input_chars", "jit_compile", "xla_max_batch_size", "precision",
                   "parallel_searches")
 # The export chooses XLA for the machine it runs on; the weights stay float32
-# unless --precision says otherwise; the length penalty is the run's own.
-FLAG_DEFAULTS = {"jit_compile": "auto", "precision": "float32", "alpha": None}
+# unless --precision says otherwise.
+# The request settings a run chose on its dev set (`runs.Run.decoding_settings`):
+# an absent flag leaves them to the run.
+RUN_CHOSEN = ("alpha", "no_repeat_ngram_size")
+FLAG_DEFAULTS = {"jit_compile": "auto", "precision": "float32", **dict.fromkeys(RUN_CHOSEN)}
 
 
 def parse_args(argv, prog=PROG):
@@ -74,9 +78,10 @@ def parse_args(argv, prog=PROG):
     if args.format == "ctranslate2" and args.precision != "float32":
         parser.error("--precision is for SavedModel exports; a CTranslate2 export takes "
                      "--quantization")
-    try:  # without --alpha, the run's (main)
-        args.decoding = decoding_config(
-            args, [name for name in DECODING_FLAGS if name != "alpha" or args.alpha is not None])
+    try:  # without --alpha or --no-repeat-ngram-size, the run's (main)
+        args.decoding = decoding_config(args, [
+            name for name in DECODING_FLAGS
+            if name not in RUN_CHOSEN or getattr(args, name) is not None])
     except ValueError as error:
         parser.error(str(error))
     if args.version is not None and args.version < 1:
@@ -98,8 +103,9 @@ def main(argv=None, prog=PROG):
         if args.format == "ctranslate2":
             return export_ctranslate2(model, tokenizer, args, prog)
         decoding = args.decoding
-        if args.alpha is None:  # the length penalty the run chose on its dev set
-            decoding = dataclasses.replace(decoding, **run.decoding_settings())
+        decoding = dataclasses.replace(decoding, **{  # what the run chose on its dev set
+            name: value for name, value in run.decoding_settings().items()
+            if getattr(args, name) is None})
         config, notes = decoding.resolved()
         for note in notes:
             print(f"{prog}: {note}", flush=True)

@@ -165,11 +165,12 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     if config.time_budget:  # the steps it took
         run_dir.write_config(model_config, dataclasses.replace(config, steps=step))
 
-    # === Average the last checkpoints and choose alpha on dev pairs (Sec. 6.1), save,
+    # === Average the last checkpoints and choose alpha (Sec. 6.1) and n-gram blocking
+    # on dev pairs, save,
     # and translate test sentences ===
     averaged = save(model, run_dir, config, step, clock, account)
     translator = serving.Translator(averaged, tokenizer)  # its searches traced once, for both
-    decoding = choose_alpha(translator, dev_pairs, run_dir, config, account)
+    decoding = choose_decoding(translator, dev_pairs, run_dir, config, account)
     print(account.line(), flush=True)
     if config.test_sentences:
         print_test_bleu(translator, config, decoding)
@@ -333,27 +334,42 @@ def save(model, run_dir, config, step, clock, account):
     return averaged
 
 
-def choose_alpha(translator, dev_pairs, run_dir, config, account):
-    """Chooses the length penalty of the run's translations (`translator`, the
-    averaged weights') on the first `config.alpha_sentences` dev pairs
-    (`evaluation.choose_alpha`), records it in the run
-    (`runs.Run.write_decoding`), says so, and returns the request settings chosen
-    (`{}`: the paper's, without dev pairs to choose on)."""
+def choose_decoding(translator, dev_pairs, run_dir, config, account):
+    """Chooses the request settings of the run's translations (`translator`,
+    the averaged weights'): whether to block repeated n-grams, and the length
+    penalty, on the first `config.alpha_sentences` dev pairs
+    (`evaluation.choose_decoding`); records them in the run
+    (`runs.Run.write_decoding`), says so, and returns them (`{}`: the paper's,
+    without dev pairs to choose on)."""
     from keras_transformer import evaluation
 
     pairs = list(dev_pairs.take(config.alpha_sentences).as_numpy_iterator())
     if not pairs:  # --alpha-sentences 0
         run_dir.write_decoding(None, {}, 0)
         return {}
-    alpha, scores = evaluation.choose_alpha(
+    settings, scores = evaluation.choose_decoding(
         translator, [(pair["source"].decode(), pair["target"].decode()) for pair in pairs])
-    run_dir.write_decoding(alpha, scores, len(pairs))
-    account.mark("choosing alpha")
-    tried = ", ".join(f"{score:.1f} at {a:.1f}" for a, score in scores.items())
-    print(f"Length penalty for this run's translations: alpha {alpha:.1f}, chosen on "
-          f"{len(pairs)} dev sentences (sacreBLEU {tried}; Sec. 6.1's 0.6 unless another "
-          f"scores higher)", flush=True)
-    return {"alpha": alpha}
+    run_dir.write_decoding(settings, scores, len(pairs))
+    account.mark("choosing decoding")
+    print(decoding_line(settings, scores, len(pairs)), flush=True)
+    return settings
+
+
+def decoding_line(settings, scores, sentences):
+    """What `choose_decoding` chose and why, in a line."""
+    size, alpha = settings["no_repeat_ngram_size"], settings["alpha"]
+
+    def blocking(size):
+        return f"repeated {size}-grams blocked" if size else "no n-gram blocked"
+
+    first_alpha = next(iter(scores))[1]
+    sizes = "; ".join(f"{score:.1f} with {blocking(n)}"
+                      for (n, a), score in scores.items() if a == first_alpha)
+    alphas = ", ".join(f"{score:.1f} at {a:.1f}" for (n, a), score in scores.items()
+                       if n == size)
+    return (f"Decoding for this run's translations, chosen on {sentences} dev sentences: "
+            f"alpha {alpha:.1f}, {blocking(size)} (sacreBLEU at alpha {first_alpha:.1f}: "
+            f"{sizes}; then {alphas}. Sec. 6.1's alpha 0.6 unless another scores higher)")
 
 
 def print_test_bleu(translator, config, decoding):

@@ -74,7 +74,7 @@ def main(argv=None, prog=PROG):
         translations = evaluation.translate_sentences(
             translator, lines, args.batch_size,
             progress="auto" if args.progress is None else args.progress,
-            beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,
+            **{name: getattr(args, name) for name in REQUEST_SETTINGS},
         )
     except (ValueError, FileNotFoundError) as error:
         print(f"{prog}: {error}", file=sys.stderr)
