@@ -239,6 +239,29 @@ def test_each_row_stops_at_its_own_output_limit(translator, tokenizer):
         np.testing.assert_array_equal(np.sum(ids != 0, axis=1), lengths + extra)
 
 
+def _repeats_an_ngram(row, size):
+    tokens = [token for token in row if token != 0]
+    grams = [tuple(tokens[i:i + size]) for i in range(len(tokens) - size + 1)]
+    return len(set(grams)) < len(grams)
+
+
+def test_a_request_may_block_repeated_ngrams(translator, tokenizer):
+    """This random model repeats itself; a request with no_repeat_ngram_size n
+    gets translations without a repeated n-gram, of the same lengths (it ends
+    none early), and 0 is the default search."""
+    source = tokenizer.tokenize(tf.constant(SENTENCES)).to_tensor()
+    plain = translator.translate_ids(source, extra_length=tf.constant(6))["ids"].numpy()
+    assert any(_repeats_an_ngram(row, 2) for row in plain)
+    for size in (1, 2, 3):
+        ids = translator.translate_ids(source, extra_length=tf.constant(6),
+                                       no_repeat_ngram_size=tf.constant(size))["ids"].numpy()
+        assert not any(_repeats_an_ngram(row, size) for row in ids), size
+        np.testing.assert_array_equal(np.sum(ids != 0, axis=1), np.sum(plain != 0, axis=1))
+    unblocked = translator.translate_ids(source, extra_length=tf.constant(6),
+                                         no_repeat_ngram_size=tf.constant(0))["ids"].numpy()
+    np.testing.assert_array_equal(unblocked, plain)
+
+
 # Bad input is answered, not crashed on -------------------------------------------
 
 
@@ -287,10 +310,12 @@ def test_empty_batch(translator):
         (dict(beam_size=3), "beam_size must be one of [1, 2, 4]"),
         (dict(extra_length=-1), "extra_length must be >= 0"),
         (dict(alpha=float("nan")), "alpha must be finite"),
+        (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size must be >= 0"),
     ],
 )
 def test_bad_knobs_are_answered_with_an_error(translator, knobs, message):
-    dtypes = dict(beam_size=tf.int32, extra_length=tf.int32, alpha=tf.float32)
+    dtypes = dict(beam_size=tf.int32, extra_length=tf.int32, alpha=tf.float32,
+                  no_repeat_ngram_size=tf.int32)
     knobs = {name: tf.constant(value, dtypes[name]) for name, value in knobs.items()}
     with pytest.raises(tf.errors.InvalidArgumentError, match=message.replace("[", r"\[")):
         translator.translate(tf.constant(SENTENCES[:1]), **knobs)
@@ -380,9 +405,11 @@ def test_xla_search_equals_graph_search(model, tokenizer, translator):
         beam_sizes=(4,), jit_compile=True,
     )
     texts = tf.constant(SENTENCES[:3])  # padded to a batch of 4 inside
-    fast, reference = compiled.translate(texts), translator.translate(texts)
-    assert _strings(fast["translation"]) == _strings(reference["translation"])
-    np.testing.assert_allclose(fast["score"], reference["score"], atol=1e-4)
+    for size in (0, 2):
+        knobs = dict(no_repeat_ngram_size=tf.constant(size))
+        fast, reference = compiled.translate(texts, **knobs), translator.translate(texts, **knobs)
+        assert _strings(fast["translation"]) == _strings(reference["translation"])
+        np.testing.assert_allclose(fast["score"], reference["score"], atol=1e-4)
 
 
 def test_small_requests_run_xla_and_larger_ones_the_graph(model, tokenizer, translator):
