@@ -176,8 +176,9 @@ def evaluate(
     return scores
 
 
-# What `choose_decoding` tries: blocking repeated 4-grams first (kept unless
-# not blocking scores higher), then length penalties from the paper's up.
+# What `choose_decoding` tries: length penalties from the paper's up, with
+# repeated 4-grams blocked; then, at the alpha chosen, not blocking (kept only
+# where it scores higher).
 NGRAM_SIZES = (4, 0)
 ALPHAS = (0.6, 0.8, 1.0, 1.2)
 
@@ -188,14 +189,17 @@ def choose_decoding(translator_or_export, pairs, ngram_sizes=NGRAM_SIZES, alphas
     paper chose its length penalty (Sec. 6.1: "These hyperparameters were chosen
     after experimentation on the development set").
 
-    First `no_repeat_ngram_size`: each of `ngram_sizes` at the first alpha, the
-    highest sacreBLEU kept, the earliest on a tie. A briefly trained model
-    loops ("de los hijos de los hijos de los hijos"); blocking repeated 4-grams
-    mends most of that and, on the quickstart's models, never cost test BLEU
-    (docs/training.md), so it comes first and a model that never loops keeps
-    it at no cost. Then `alpha`: `alphas` in order, while the sacreBLEU rises:
-    a larger alpha lengthens the translations, and once they are long enough
-    BLEU only falls.
+    First `alpha`, with the first of `ngram_sizes`: `alphas` in order while the
+    sacreBLEU rises (a larger alpha lengthens the translations, and once they
+    are long enough BLEU only falls); the best kept, the earliest on a tie.
+    Then the other `ngram_sizes` at that alpha, the first kept on a tie.
+
+    Blocking repeated 4-grams comes first because a briefly trained model loops
+    ("de los hijos de los hijos de los hijos"): blocking mends most of that and,
+    on six quickstart models, never cost test BLEU at the same alpha
+    (docs/training.md); its translations are shorter, so it is compared at
+    the alpha that suits it. A model that never loops translates alike either
+    way and keeps it.
 
     Args:
         translator_or_export, batch_size: as for `translate_sentences`.
@@ -221,13 +225,15 @@ def choose_decoding(translator_or_export, pairs, ngram_sizes=NGRAM_SIZES, alphas
         scores[size, alpha] = bleu_scores(hypotheses, references)["bleu"]
         return scores[size, alpha]
 
-    size = _first_best({size: score(size, alphas[0]) for size in ngram_sizes})
-    by_alpha = {alphas[0]: scores[size, alphas[0]]}
-    for alpha in alphas[1:]:
-        by_alpha[alpha] = score(size, alpha)
+    by_alpha = {}
+    for alpha in alphas:
+        by_alpha[alpha] = score(ngram_sizes[0], alpha)
         if by_alpha[alpha] < max(by_alpha.values()):
             break
-    return {"no_repeat_ngram_size": size, "alpha": _first_best(by_alpha)}, scores
+    alpha = _first_best(by_alpha)
+    size = _first_best({ngram_sizes[0]: by_alpha[alpha],
+                        **{size: score(size, alpha) for size in ngram_sizes[1:]}})
+    return {"no_repeat_ngram_size": size, "alpha": alpha}, scores
 
 
 def _first_best(scores):

@@ -185,14 +185,14 @@ def _pairs():
     (0.5, 0.6, [0.6, 0.8]),  # the paper's, when a larger alpha only falls
     (1.5, 1.2, [0.6, 0.8, 1.0, 1.2]),  # the largest tried
 ])
-def test_choose_decoding_blocks_unless_that_scores_lower_then_takes_the_best_alpha(
+def test_choose_decoding_takes_the_best_alpha_then_blocks_unless_that_scores_lower(
         blocking, size, best, chosen, alphas):
     pairs = _pairs()
     translator = LengthByAlpha(dict(pairs), best, blocking)
     settings, scores = evaluation.choose_decoding(translator, pairs)
     assert settings == {"no_repeat_ngram_size": size, "alpha": chosen}
-    # Both sizes at the paper's alpha, then the alphas with the size chosen.
-    tried = [(4, 0.6), (0, 0.6)] + [(size, alpha) for alpha in alphas[1:]]
+    # The alphas with 4-grams blocked, then not blocking at the alpha chosen.
+    tried = [(4, alpha) for alpha in alphas] + [(0, chosen)]
     assert list(scores) == tried
     assert sorted(set(translator.requests)) == sorted(tried)
     for (n, a), score in scores.items():  # each is sacreBLEU of those translations
@@ -209,9 +209,9 @@ def test_choose_decoding_keeps_the_first_on_a_tie_and_checks_its_arguments():
     same.translate = lambda batch, **settings: {"translation": batch}
     settings, scores = evaluation.choose_decoding(same, pairs)
     assert settings == {"no_repeat_ngram_size": 4, "alpha": 0.6}
-    assert scores == {(4, 0.6): pytest.approx(100.0), (0, 0.6): pytest.approx(100.0),
-                      (4, 0.8): pytest.approx(100.0), (4, 1.0): pytest.approx(100.0),
-                      (4, 1.2): pytest.approx(100.0)}
+    assert scores == {(4, 0.6): pytest.approx(100.0), (4, 0.8): pytest.approx(100.0),
+                      (4, 1.0): pytest.approx(100.0), (4, 1.2): pytest.approx(100.0),
+                      (0, 0.6): pytest.approx(100.0)}
     with pytest.raises(ValueError, match="increasing alphas"):
         evaluation.choose_decoding(same, pairs, alphas=(1.0, 0.6))
     with pytest.raises(ValueError, match="at least one no_repeat_ngram_size"):

@@ -362,14 +362,14 @@ def decoding_line(settings, scores, sentences):
     def blocking(size):
         return f"repeated {size}-grams blocked" if size else "no n-gram blocked"
 
-    first_alpha = next(iter(scores))[1]
-    sizes = "; ".join(f"{score:.1f} with {blocking(n)}"
-                      for (n, a), score in scores.items() if a == first_alpha)
+    first_size = next(iter(scores))[0]
     alphas = ", ".join(f"{score:.1f} at {a:.1f}" for (n, a), score in scores.items()
-                       if n == size)
+                       if n == first_size)
+    others = "; ".join(f"with {blocking(n)} at {a:.1f}: {score:.1f}"
+                       for (n, a), score in scores.items() if n != first_size)
     return (f"Decoding for this run's translations, chosen on {sentences} dev sentences: "
-            f"alpha {alpha:.1f}, {blocking(size)} (sacreBLEU at alpha {first_alpha:.1f}: "
-            f"{sizes}; then {alphas}. Sec. 6.1's alpha 0.6 unless another scores higher)")
+            f"alpha {alpha:.1f}, {blocking(size)} (sacreBLEU with {blocking(first_size)}: {alphas}; "
+            f"{others}. Sec. 6.1's alpha 0.6 unless another scores higher)")
 
 
 def print_test_bleu(translator, config, decoding):
