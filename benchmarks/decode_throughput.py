@@ -236,6 +236,7 @@ def time_export(model, args, variant, source_ids, directory):
         beam_size=tf.constant(args.beam_size),
         alpha=tf.constant(0.6),
         extra_length=tf.constant(translator.config.extra_length),
+        no_repeat_ngram_size=tf.constant(0),
     )
     repeats = args.uncached_repeats if variant == "uncached" else args.repeats
     report = timed(lambda: {name: value.numpy() for name, value in translate(**inputs).items()},

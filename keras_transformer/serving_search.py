@@ -105,24 +105,34 @@ class BeamSearches:
             # The encoder runs once per source; the K hypotheses of a source share its cache.
             cache = model.initial_cache(
                 source_ids, longest_output if config.use_cache else None, beam_size)
-            return decoding.beam_search(
-                model.step_function(config.use_cache, output_kernel, write_cache_in_place=True,
-                                    transposed_kernels=config.transposed_kernels),
-                tf.fill([batch_size], BOS_ID),
-                cache,
-                vocab_size=model.config.vocab_size,
-                max_output_length=longest_output,
-                eos_id=EOS_ID,
-                beam_size=beam_size,
-                alpha=alpha,
-                max_output_lengths=output_limits,
-                padding_id=PAD_ID,
-                no_repeat_ngram_size=no_repeat_ngram_size,
-                ignore_eos=config.ignore_eos,
-                reorder_cache=model.reorder_cache,
-                # Finished sources leave the batch; XLA's shapes cannot change.
-                select_examples=None if jit_compile else model.select_examples,
-            )
+
+            def run(size):
+                return decoding.beam_search(
+                    model.step_function(config.use_cache, output_kernel,
+                                        write_cache_in_place=True,
+                                        transposed_kernels=config.transposed_kernels),
+                    tf.fill([batch_size], BOS_ID),
+                    cache,
+                    vocab_size=model.config.vocab_size,
+                    max_output_length=longest_output,
+                    eos_id=EOS_ID,
+                    beam_size=beam_size,
+                    alpha=alpha,
+                    max_output_lengths=output_limits,
+                    padding_id=PAD_ID,
+                    no_repeat_ngram_size=size,
+                    ignore_eos=config.ignore_eos,
+                    reorder_cache=model.reorder_cache,
+                    # Finished sources leave the batch; XLA's shapes cannot change.
+                    select_examples=None if jit_compile else model.select_examples,
+                )
+
+            if jit_compile:  # one program per shape, its per-step condition compiled in
+                return run(no_repeat_ngram_size)
+            # Without XLA, a condition in every step costs 3% of the search
+            # (benchmarks/decode_throughput.py): the request chooses the search once.
+            return tf.cond(no_repeat_ngram_size > 0, lambda: run(no_repeat_ngram_size),
+                           lambda: run(0))
 
         return tf.function(
             search,

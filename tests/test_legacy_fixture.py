@@ -35,8 +35,12 @@ def signature_outputs(export_dir, sentences):
     text = tf.constant(sentences)
 
     def knobs(beam_size):
-        return dict(beam_size=tf.constant(beam_size), alpha=tf.constant(0.6),
-                    extra_length=tf.constant(EXTRA_LENGTH))
+        settings = dict(beam_size=tf.constant(beam_size), alpha=tf.constant(0.6),
+                        extra_length=tf.constant(EXTRA_LENGTH))
+        # A signature takes every input; exports before 2026-11-26 have no n-gram blocking.
+        if "no_repeat_ngram_size" in loaded.signatures["translate"].structured_input_signature[1]:
+            settings["no_repeat_ngram_size"] = tf.constant(0)
+        return settings
 
     outputs = {f"translate_beam{k}": loaded.signatures["translate"](text=text, **knobs(k))
                for k in (1, 4)}

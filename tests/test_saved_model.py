@@ -155,7 +155,7 @@ def test_reloaded_signatures_answer_bad_input(export_path, translator):
     np.testing.assert_allclose(nbest["scores"], expected["scores"], atol=1e-5)
     ids = loaded.signatures["translate_ids"](
         ids=tf.constant([[5, 6, 7]]), beam_size=tf.constant(1), alpha=tf.constant(0.6),
-        extra_length=tf.constant(3))
+        extra_length=tf.constant(3), no_repeat_ngram_size=tf.constant(0))
     assert ids["ids"].shape[0] == 1
     with pytest.raises(tf.errors.InvalidArgumentError, match="beam_size must be one of"):
         loaded.translate(texts[:1], beam_size=tf.constant(8))
@@ -269,7 +269,7 @@ def test_reloaded_score_and_alignments_equal_the_translators(export_path, transl
     assert _strings(got["source_tokens"][0]) == _strings(want["source_tokens"][0])
     aligned = loaded.signatures["translate_aligned"](
         text=sources, beam_size=tf.constant(4), alpha=tf.constant(0.6),
-        extra_length=tf.constant(EXTRA_LENGTH))
+        extra_length=tf.constant(EXTRA_LENGTH), no_repeat_ngram_size=tf.constant(0))
     expected = translator.translate_aligned(sources)
     assert _strings(aligned["translation"]) == _strings(expected["translation"])
     np.testing.assert_array_equal(aligned["alignment"], expected["alignment"])
