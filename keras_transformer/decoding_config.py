@@ -65,9 +65,10 @@ class DecodingConfig:
             name none); one of beam_sizes.
         alpha: the length penalty strength.
         extra_length: the output tokens allowed beyond the input length.
-        no_repeat_ngram_size: n > 0: no translation repeats an n-gram of its
-            tokens (subword pieces and punctuation; `decoding.beam_search`); 0,
-            the paper's search, blocks nothing.
+        no_repeat_ngram_size: n > 0: no translation repeats n subword pieces
+            in a row that it already holds, a briefly trained model's loops
+            (as CTranslate2's and fairseq's option of that name); 0, the
+            paper's search, blocks nothing.
         beam_sizes: beam sizes callers may ask for (one program each).
         max_input_length: longer inputs are truncated (default: the model's
             max_positions).

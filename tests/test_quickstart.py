@@ -35,6 +35,25 @@ def loops(sentence, times=3):
     return len(set(grams)) < len(grams)
 
 
+def readme_transcript_lines():
+    """The lines of README.md's quickstart transcript that do not change from run
+    to run: not the command, the elisions or the sample translations."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    transcript = text.split("<!-- quickstart transcript -->")[1].split("<!-- end quickstart")[0]
+    lines = [line for line in transcript.splitlines()
+             if line.strip() and not line.startswith(("```", "$ ", "[...]"))]
+    samples = lines.index(next(line for line in lines if line.startswith("== 3/4")))
+    return lines[:samples + 1] + lines[samples + 1 + SAMPLES:]
+
+
+def test_the_readme_transcript_has_the_samples_and_the_steps():
+    lines = readme_transcript_lines()
+    assert [line[:6] for line in lines if line.startswith("== ")] == [
+        "== 1/4", "== 2/4", "== 3/4", "== 4/4"]
+    assert any(line.startswith("Decoding for this run's translations") for line in lines)
+
+
 def test_loops_finds_a_repeated_phrase_and_not_a_repeated_word_apart():
     assert loops("Y los hijos de los hijos de los hijos de Israel")
     assert loops("Y si si si no")
@@ -71,6 +90,12 @@ def test_the_quickstart_runs_end_to_end_and_prints_only_its_messages(tmp_path):
     assert bleu and float(bleu.group(1)) >= MIN_BLEU, out
     assert re.fullmatch(r"500 sentences in [\d.]+ s \([\d.]+ sentences/s\)", out[-1]), out[-1]
     assert os.path.exists(tmp_path / "export" / "1" / "saved_model.pb")
+    # The README's transcript is of this command as it is now: each of its lines but
+    # the samples begins with the words a line printed here begins with (its first
+    # three, up to a figure; the CPU's name and paths differ).
+    for line in readme_transcript_lines():
+        prefix = re.split(r"\d", " ".join(line.split()[:3]), maxsplit=1)[0]
+        assert any(printed.startswith(prefix) for printed in out), (line, out)
 
     # stderr holds evaluate's progress bar (carriage returns) and nothing else.
     leftover = [part for part in re.split(r"[\r\n]", result.stderr)
