@@ -1,7 +1,7 @@
 """The beam's candidates each step: the best one-token extensions of the live
 hypotheses, chosen without sorting the whole `(B, K * V)` table (see
 `best_extensions`), and the tokens that would repeat an n-gram
-(`repeated_ngram_blocks`). `decoding`'s searches call them; pure TensorFlow.
+(`repeated_ngram_mask`). `decoding`'s searches call them; pure TensorFlow.
 """
 
 import tensorflow as tf
@@ -16,9 +16,10 @@ def block_size(vocab_size, num_candidates):
                  if vocab_size % size == 0 and vocab_size // size >= num_candidates), None)
 
 
-def repeated_ngram_blocks(ids, step, size, vocab_size):
-    """Which next tokens would repeat an n-gram of `size` tokens: `(N, V)`
-    float32, -inf for those, 0 for the others, to add to log probabilities.
+def repeated_ngram_mask(ids, step, size, vocab_size):
+    """The next tokens that would repeat an n-gram of `size` tokens, as a mask
+    `(N, V)` float32 to add to log probabilities: -inf for those, 0 for the
+    others.
 
     The next token completes the n-gram whose other `size - 1` tokens end the
     hypothesis; it is blocked when those tokens came before, followed by it
@@ -68,7 +69,7 @@ def if_blocking(size, blocking, plain):
     return tf.cond(size > 0, blocking, plain)
 
 
-def best_extensions(logits, alive_log_probs, k, block_size, blocks=None):
+def best_extensions(logits, alive_log_probs, k, block_size, mask=None):
     """The k best one-token extensions of the live hypotheses of each example.
 
     Exactly `tf.nn.top_k` over the `(B, K * V)` table
@@ -87,8 +88,8 @@ def best_extensions(logits, alive_log_probs, k, block_size, blocks=None):
         k: how many extensions to keep.
         block_size: a divisor of V with V / block_size >= k, or None to run
             `top_k` over the whole table.
-        blocks: optional float32 `(B * K, V)`, -inf for tokens no hypothesis
-            may take (`repeated_ngram_blocks`), added after the log-softmax:
+        mask: optional float32 `(B * K, V)`, -inf for tokens no hypothesis
+            may take (`repeated_ngram_mask`), added after the log-softmax:
             the other tokens keep their probabilities, as in CTranslate2 and
             fairseq.
 
@@ -101,8 +102,8 @@ def best_extensions(logits, alive_log_probs, k, block_size, blocks=None):
     if block_size is None:
         # log P(hypothesis + token) = logit + shift: log P(hypothesis) - log Z.
         shift = alive_log_probs - tf.reshape(tf.reduce_logsumexp(logits, axis=-1), [-1, beam_size])
-        if blocks is not None:
-            logits = logits + blocks
+        if mask is not None:
+            logits = logits + mask
         table = tf.reshape(logits, [-1, beam_size, vocab_size]) + shift[:, :, tf.newaxis]
         return tf.nn.top_k(tf.reshape(table, [-1, beam_size * vocab_size]), k=k)
     blocks_per_beam = vocab_size // block_size
@@ -110,8 +111,8 @@ def best_extensions(logits, alive_log_probs, k, block_size, blocks=None):
     row_block_maxima = tf.reduce_max(row_blocks, axis=-1)  # (B * K, V/b)
     shift = alive_log_probs - tf.reshape(
         _log_normalizers(logits, row_blocks, row_block_maxima), [-1, beam_size])  # (B, K)
-    if blocks is not None:
-        logits = logits + blocks
+    if mask is not None:
+        logits = logits + mask
         row_block_maxima = tf.reduce_max(
             tf.reshape(logits, [-1, blocks_per_beam, block_size]), axis=-1)  # (B * K, V/b)
     blocks = tf.reshape(logits, [-1, beam_size * blocks_per_beam, block_size])  # (B, K*V/b, b)

@@ -149,12 +149,12 @@ def extend(search, symbols_to_logits_fn, state):
     logits = tf.cast(logits, tf.float32)
     size = search.no_repeat_ngram_size
 
-    def candidates(blocks=None):  # the C best extensions over all beams and tokens
+    def candidates(mask=None):  # the C best extensions over all beams and tokens
         return beam_candidates.best_extensions(
-            logits, state.alive_log_probs, search.num_candidates, search.block_size, blocks)
+            logits, state.alive_log_probs, search.num_candidates, search.block_size, mask)
 
     candidate_log_probs, flat_indices = beam_candidates.if_blocking(
-        size, lambda: candidates(beam_candidates.repeated_ngram_blocks(
+        size, lambda: candidates(beam_candidates.repeated_ngram_mask(
             flat_ids, state.step, size, vocab_size)), candidates)  # (B, C), (B, C)
     parents = flat_indices // vocab_size  # (B, C) beam each extends
     tokens = flat_indices % vocab_size  # (B, C)

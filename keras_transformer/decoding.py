@@ -137,7 +137,7 @@ def greedy_search(
         cache = search_arguments.same_shapes(cache, state.cache)
         log_probs = _log_probs(logits, vocab_size=None)  # (B, V)
         log_probs = beam_candidates.if_blocking(
-            no_repeat_ngram_size, lambda: log_probs + beam_candidates.repeated_ngram_blocks(
+            no_repeat_ngram_size, lambda: log_probs + beam_candidates.repeated_ngram_mask(
                 state.ids, state.step, no_repeat_ngram_size, log_probs.shape[-1]),
             lambda: log_probs)
         tokens = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # (B,)
@@ -222,7 +222,7 @@ def beam_search(
         no_repeat_ngram_size: int n (or an int32 scalar tensor, a request's
             setting); when > 0, no hypothesis is extended by a token that would
             repeat one of its n-grams (of generated tokens;
-            `beam_candidates.repeated_ngram_blocks`): the remedy of CTranslate2
+            `beam_candidates.repeated_ngram_mask`): the remedy of CTranslate2
             and fairseq for a weak model's loops. 0 (the paper): none blocked.
         ignore_eos: if True, the end-of-sequence token does not finish a
             hypothesis and the loop runs exactly `max_output_length` steps (no early

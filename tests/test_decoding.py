@@ -494,7 +494,7 @@ class TestEquivalences:
                            for end in range(1, len(tokens) + 1))
 
 
-class TestRepeatedNgramBlocks:
+class TestRepeatedNgramMask:
     @pytest.mark.parametrize("size", [1, 2, 3, 4])
     def test_equals_looking_back_over_each_hypothesis(self, size):
         rng = np.random.default_rng(size)
@@ -505,15 +505,15 @@ class TestRepeatedNgramBlocks:
         for step in range(columns):
             buffer = ids.copy()
             buffer[:, step + 1:] = 0  # padding after the last written column
-            blocks = beam_candidates.repeated_ngram_blocks(
+            mask = beam_candidates.repeated_ngram_mask(
                 tf.constant(buffer), tf.constant(step), size, vocab).numpy()
             for row in range(rows):
                 generated = list(buffer[row, 1:step + 1])
                 expected = [
                     -np.inf if _repeats_an_ngram(generated + [token], size) else 0.0
                     for token in range(vocab)]
-                np.testing.assert_array_equal(blocks[row], expected, err_msg=f"{step=} {row=}")
-        assert np.isinf(blocks).any() and (blocks == 0).any()
+                np.testing.assert_array_equal(mask[row], expected, err_msg=f"{step=} {row=}")
+        assert np.isinf(mask).any() and (mask == 0).any()
 
 
 class TestLeavingTheBatch:
@@ -572,17 +572,17 @@ class TestBestExtensions:
         batch, beams, vocab, k = 4, 3, 60, 6
         logits = rng.normal(0, 2, size=(batch * beams, vocab)).astype("float32")
         alive = rng.normal(-2, 1, size=(batch, beams)).astype("float32")
-        blocks = np.where(rng.random((batch * beams, vocab)) < 0.3, -np.inf, 0.0)
-        blocks[:, np.argmax(logits, axis=1)] = -np.inf  # each row's best token among them
-        blocks = blocks.astype("float32")
+        mask = np.where(rng.random((batch * beams, vocab)) < 0.3, -np.inf, 0.0)
+        mask[:, np.argmax(logits, axis=1)] = -np.inf  # each row's best token among them
+        mask = mask.astype("float32")
         # Blocked after the log-softmax: no renormalization over the others.
         log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-        table = (alive[:, :, None] + (log_probs + blocks).reshape(batch, beams, vocab)).reshape(
+        table = (alive[:, :, None] + (log_probs + mask).reshape(batch, beams, vocab)).reshape(
             batch, beams * vocab)
         expected = np.argsort(-table, axis=1, kind="stable")[:, :k]
         for block_size in (4, 10, None):
             values, indices = beam_candidates.best_extensions(
-                tf.constant(logits), tf.constant(alive), k, block_size, tf.constant(blocks))
+                tf.constant(logits), tf.constant(alive), k, block_size, tf.constant(mask))
             np.testing.assert_array_equal(indices, expected)
             np.testing.assert_allclose(values, np.take_along_axis(table, expected, 1), rtol=1e-5)
 
