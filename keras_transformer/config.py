@@ -277,12 +277,12 @@ class TrainingConfig:
         bleu_sentences: size of the dev subset that BLEU is computed on.
         alpha_sentences: dev sentences on which, when training ends, the run's
             decoding is chosen (Sec. 6.1 chose alpha on the development set):
-            repeated 4-grams blocked unless not blocking scores higher, then
-            the length penalty alpha, the paper's 0.6, then 0.8, 1.0 and 1.2
-            while sacreBLEU rises (`evaluation.choose_decoding`); exports,
-            translate and evaluate of the run take them unless given --alpha or
-            --no-repeat-ngram-size. 0: the paper's decoding (alpha 0.6, nothing
-            blocked).
+            the length penalty alpha with repeated 4-grams blocked, the
+            paper's 0.6, then 0.8, 1.0 and 1.2 while sacreBLEU rises; then
+            blocking kept only if it beats the paper's search at that alpha
+            (`evaluation.choose_decoding`). Exports, translate and evaluate of
+            the run take them unless given --alpha or --no-repeat-ngram-size.
+            0: the paper's decoding (alpha 0.6, nothing blocked).
         test_sentences: test sentences translated for the final BLEU (0: no
             final evaluation).
         strategy: "auto", "one_device", "mirrored", "multi_worker" or "tpu".

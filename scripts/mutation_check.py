@@ -140,17 +140,29 @@ MUTANTS = [
            ["tests/test_serving.py::test_each_row_stops_at_its_own_output_limit"]),
     # translate --alpha and --weights ignored.
     mutant("translate-alpha-ignored", "keras_transformer/cli/translate.py",
-           "beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,",
-           "beam_size=args.beam_size, alpha=None, extra_length=args.extra_length,",
+           "**{name: getattr(args, name) for name in REQUEST_SETTINGS},",
+           "**{name: getattr(args, name) for name in REQUEST_SETTINGS if name != 'alpha'},",
            ["tests/test_cli.py::test_decoding_flags_and_weights_reach_the_search"]),
     mutant("translate-weights-ignored", "keras_transformer/cli/translate.py",
            "translator = loading.load_translator(args.export, args.run, args.weights)",
            "translator = loading.load_translator(args.export, args.run)",
            ["tests/test_cli.py::test_decoding_flags_and_weights_reach_the_search"]),
     mutant("evaluate-beam-size-ignored", "keras_transformer/cli/evaluate.py",
-           "beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length,",
-           "beam_size=None, alpha=args.alpha, extra_length=args.extra_length,",
+           "**{name: getattr(args, name) for name in REQUEST_SETTINGS},",
+           "**{name: getattr(args, name) for name in REQUEST_SETTINGS if name != 'beam_size'},",
            ["tests/test_cli.py::test_decoding_flags_and_weights_reach_the_search"]),
+    # The n-gram mask counts the start token as a generated one.
+    mutant("ngram-mask-counts-the-start-token", "keras_transformer/beam_candidates.py",
+           "ends = tf.broadcast_to(tf.logical_and(columns >= size - 1, columns < step),",
+           "ends = tf.broadcast_to(tf.logical_and(columns >= size - 2, columns < step),",
+           ["tests/test_decoding.py::test_blocking_repeated_ngrams_equals_exhaustive_search_without_them",
+            "tests/test_decoding.py::test_equals_looking_back_over_each_hypothesis"]),
+    # A run blocks repeated n-grams on a tie: text that repeats itself loses it.
+    mutant("choose-decoding-blocks-on-a-tie", "keras_transformer/evaluation.py",
+           "blocks = block > 0 and by_alpha[alpha] > score(0, alpha)",
+           "blocks = block > 0 and by_alpha[alpha] >= score(0, alpha)",
+           ["tests/test_evaluation.py::"
+            "test_choose_decoding_takes_the_best_alpha_then_blocks_where_that_scores_higher"]),
     # `int | None` flags (--key-dim, --value-dim) parsed as strings.
     mutant("optional-int-flags-as-strings", "keras_transformer/cli/common.py",
            'kind = {int: int, float: float, int | None: int, "int | None": int}.get(',

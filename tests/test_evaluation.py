@@ -178,14 +178,14 @@ def _pairs():
     return [(source, target) for source, target in zip(SENTENCES, SENTENCES[1:] + SENTENCES[:1])]
 
 
-@pytest.mark.parametrize("blocking, size", [("neutral", 4), ("mends", 4), ("hurts", 0)])
+@pytest.mark.parametrize("blocking, size", [("neutral", 0), ("mends", 4), ("hurts", 0)])
 @pytest.mark.parametrize("best, chosen, alphas", [
     (1.0, 1.0, [0.6, 0.8, 1.0, 1.2]),  # rises to 1.0, falls at 1.2
     (0.8, 0.8, [0.6, 0.8, 1.0]),  # stops at the first fall
     (0.5, 0.6, [0.6, 0.8]),  # the paper's, when a larger alpha only falls
     (1.5, 1.2, [0.6, 0.8, 1.0, 1.2]),  # the largest tried
 ])
-def test_choose_decoding_takes_the_best_alpha_then_blocks_unless_that_scores_lower(
+def test_choose_decoding_takes_the_best_alpha_then_blocks_where_that_scores_higher(
         blocking, size, best, chosen, alphas):
     pairs = _pairs()
     translator = LengthByAlpha(dict(pairs), best, blocking)
@@ -208,14 +208,18 @@ def test_choose_decoding_keeps_the_first_on_a_tie_and_checks_its_arguments():
     same = LengthByAlpha(dict(pairs), best=0.1)  # every setting translates alike
     same.translate = lambda batch, **settings: {"translation": batch}
     settings, scores = evaluation.choose_decoding(same, pairs)
-    assert settings == {"no_repeat_ngram_size": 4, "alpha": 0.6}
+    assert settings == {"no_repeat_ngram_size": 0, "alpha": 0.6}  # the paper's
     assert scores == {(4, 0.6): pytest.approx(100.0), (4, 0.8): pytest.approx(100.0),
                       (4, 1.0): pytest.approx(100.0), (4, 1.2): pytest.approx(100.0),
                       (0, 0.6): pytest.approx(100.0)}
     with pytest.raises(ValueError, match="increasing alphas"):
         evaluation.choose_decoding(same, pairs, alphas=(1.0, 0.6))
-    with pytest.raises(ValueError, match="at least one no_repeat_ngram_size"):
-        evaluation.choose_decoding(same, pairs, ngram_sizes=())
+    with pytest.raises(ValueError, match="an int block >= 0. Received: block=-1"):
+        evaluation.choose_decoding(same, pairs, block=-1)
+    # block=0: alpha only, the paper's search throughout.
+    assert evaluation.choose_decoding(same, pairs, block=0) == (
+        {"no_repeat_ngram_size": 0, "alpha": 0.6},
+        {(0, alpha): pytest.approx(100.0) for alpha in evaluation.ALPHAS})
 
 
 def test_load_translator_from_a_run_and_errors(tmp_path, tokenizer):
