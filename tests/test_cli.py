@@ -287,7 +287,7 @@ def test_export_flags_land_where_they_act(run_dir, tokenizer, tmp_path, monkeypa
     out = tmp_path / "exports"
     _main(export, monkeypatch, capsys, "--run", run_dir, "--out", out, "--weights", "final",
           "--beam-size", "2", "--beam-sizes", "1,2", "--alpha", "1.25", "--extra-length", "5",
-          "--max-input-length", "12", "--max-batch-size", "8", "--max-input-chars", "300",
+          "--no-repeat-ngram-size", "3", "--max-input-length", "12", "--max-batch-size", "8", "--max-input-chars", "300",
           "--model-name", "wmt", "--warmup-file", warmup, "--precision", "float16",
           "--jit-compile", "off", "--no-check")
     path = str(out / "1")
@@ -295,16 +295,18 @@ def test_export_flags_land_where_they_act(run_dir, tokenizer, tmp_path, monkeypa
         config = json.load(f)
     settings = config["translator"]
     assert {k: settings[k] for k in ("beam_size", "beam_sizes", "alpha", "extra_length",
-                                     "max_input_length", "max_batch_size", "max_input_chars")} \
+                                     "no_repeat_ngram_size", "max_input_length",
+                                     "max_batch_size", "max_input_chars")} \
         == {"beam_size": 2, "beam_sizes": [1, 2], "alpha": 1.25, "extra_length": 5,
-            "max_input_length": 12, "max_batch_size": 8, "max_input_chars": 300}
+            "no_repeat_ngram_size": 3, "max_input_length": 12, "max_batch_size": 8,
+            "max_input_chars": 300}
     assert config["run"]["weights"] == "final"
     # The defaults a request that leaves the knobs out gets (TF Serving's TF1 session).
     with tf.Graph().as_default(), tf.compat.v1.Session() as session:
         meta_graph = tf.compat.v1.saved_model.load(session, ["serve"], path)
         defaults = meta_graph.signature_def["translate"].defaults
         assert {name: tf.make_ndarray(value).item() for name, value in defaults.items()} == {
-            "beam_size": 2, "alpha": 1.25, "extra_length": 5}
+            "beam_size": 2, "alpha": 1.25, "extra_length": 5, "no_repeat_ngram_size": 3}
     [entry] = model_server_config(out / saved_model.MODELS_CONFIG_FILENAME) \
         .model_config_list.config
     assert (entry.name, entry.base_path) == ("wmt", "/models/wmt")
