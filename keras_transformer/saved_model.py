@@ -304,7 +304,7 @@ def check_export(path, inputs, expected, *, signature="serving_default", text_op
             return [[int(i) for i in row] for row in value], "int32"
         if name == "alpha":
             return float(value), "float32"
-        return int(value), "int32"  # beam_size, extra_length
+        return int(value), "int32"  # beam_size, extra_length, no_repeat_ngram_size
 
     request = {
         "path": os.path.abspath(path),

@@ -72,7 +72,8 @@ with open(os.path.join(path, "assets.extra", "config.json")) as f:
     settings = json.load(f)["translator"]
 knobs = {"beam_size": tf.constant(settings["beam_size"]),
          "alpha": tf.constant(settings["alpha"]),
-         "extra_length": tf.constant(settings["extra_length"])}
+         "extra_length": tf.constant(settings["extra_length"]),
+         "no_repeat_ngram_size": tf.constant(settings["no_repeat_ngram_size"])}
 loaded = tf.saved_model.load(path)
 def call(name, inputs):
     signature = loaded.signatures[name]
