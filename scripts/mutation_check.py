@@ -155,8 +155,10 @@ MUTANTS = [
     mutant("ngram-mask-counts-the-start-token", "keras_transformer/beam_candidates.py",
            "ends = tf.broadcast_to(tf.logical_and(columns >= size - 1, columns < step),",
            "ends = tf.broadcast_to(tf.logical_and(columns >= size - 2, columns < step),",
-           ["tests/test_decoding.py::test_blocking_repeated_ngrams_equals_exhaustive_search_without_them",
-            "tests/test_decoding.py::test_equals_looking_back_over_each_hypothesis"]),
+           ["tests/test_decoding.py::TestExhaustive::"
+            "test_blocking_repeated_ngrams_equals_exhaustive_search_without_them",
+            "tests/test_decoding.py::TestRepeatedNgramMask::"
+            "test_equals_looking_back_over_each_hypothesis"]),
     # A run blocks repeated n-grams on a tie: text that repeats itself loses it.
     mutant("choose-decoding-blocks-on-a-tie", "keras_transformer/evaluation.py",
            "blocks = block > 0 and by_alpha[alpha] > score(0, alpha)",

@@ -25,9 +25,11 @@ def test_mutant_applies_to_one_line_and_names_existing_tests(mutant, tmp_path):
     assert mutated != original
     ast.parse(mutated)  # still Python: the tests fail on the defect, not on a typo
     for test in mutant["tests"]:
-        path, _, name = test.partition("::")
+        path, _, name = test.partition("::")  # name: function, or Class::method
         with open(os.path.join(ROOT, path), encoding="utf-8") as f:
-            assert not name or f"def {name}(" in f.read(), test
+            source = f.read()
+        assert all(f"class {part}" in source if part[0].isupper() else f"def {part}(" in source
+                   for part in name.split("::") if part), test
 
 
 def test_names_are_unique():
