@@ -199,8 +199,8 @@ def choose_decoding(translator_or_export, pairs, block=BLOCKED_NGRAM_SIZE, alpha
     blocking repeated 4-grams mends most of that and, on six quickstart models,
     never cost test BLEU at the same alpha (docs/training.md). Its translations
     are shorter, so alpha is chosen for it; a model that never loops translates
-    alike either way and keeps the paper's search, and so does one whose text
-    repeats itself (blocking scores lower there).
+    alike either way and keeps the paper's search (a tie keeps it: text that
+    repeats itself may tie on a few dev pairs and lose to blocking on others).
 
     Args:
         translator_or_export, batch_size: as for `translate_sentences`.
