@@ -69,6 +69,8 @@ except ValueError:
 for part in ("cold", "warm"):
     run = report[part]
     print(part, {k: run.get(k) for k in ("first_step_seconds", "seconds", "returncode")})
+    for item in run.get("compilations", [])[:4]:
+        print("  ", item["seconds"], item["line"][:150])
     for item in run.get("progress", [])[:8]:
         print("  ", item["seconds"], item["line"][:150])
     for line in run.get("summary", []):

@@ -93,7 +93,8 @@ def run_train(flags, seconds, log_path):
             report["padding"] = {"source": float(source) / 100, "target": float(target) / 100}
         elif text.startswith("step "):
             report.setdefault("progress", []).append({"seconds": at, "line": text})
-        elif text.startswith(("Step ", "The first dev pass")):  # XLA compilations' pauses
+        elif text.startswith(("Compiling the ", "Compiled in ", "Step ",
+                              "The first dev pass")):  # XLA: all shapes ahead, or pauses
             report.setdefault("compilations", []).append({"seconds": at, "line": text})
         elif text.startswith(("Where the", "Trained ", "Resuming ")):
             report.setdefault("summary", []).append(text)

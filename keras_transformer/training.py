@@ -5,6 +5,7 @@ scripts use them directly (see docs/library.md). Checkpoints are named and
 listed by `runs.Checkpoints`, the run directory's other files by `runs.Run`.
 """
 
+import concurrent.futures
 import csv
 import math
 import os
@@ -13,6 +14,7 @@ import time
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from keras_transformer import runs
 from keras_transformer.budget import ProgressLine
@@ -161,6 +163,87 @@ def _segments(step, last_step, checkpoint_every, planned_steps):
     whole, rest = divmod(last_step - step, checkpoint_every)
     return segments + [(epochs, length) for epochs, length in
                        ((whole, checkpoint_every), (1, rest)) if epochs and length]
+
+
+# Compiling ahead -----------------------------------------------------------
+
+
+def compile_ahead(model, batches, dev_batches=(), workers=None):
+    """Compiles the XLA training step for the shape of each of `batches`, and the dev
+    step for each of `dev_batches`, `workers` at a time, before training; then puts
+    the model back as it was.
+
+    Under XLA each batch shape is a compilation of its own: tens of seconds for the
+    base model on a GPU, which `fit` would otherwise pay one after another as each
+    shape first comes. Here each shape's step runs once in a thread of its own, so
+    that the compilations, mostly CPU work, run side by side. The weights, the
+    optimizer's state and dropout's random state are then restored, so training goes
+    on exactly as without this; the metrics' state is reset by `fit` and `evaluate`.
+
+    Args:
+        model: compiled with `jit_compile=True` (`compile_for_training`), on one
+            replica: several replicas' steps run side by side would interleave their
+            all-reduces.
+        batches: one training batch of each shape, as `fit` gets them
+            (`TrainingBatches.example_batch`).
+        dev_batches: one dev batch of each shape (`one_batch_per_shape`).
+        workers: steps run at a time; default: one per CPU core.
+
+    """
+    strategy = model.distribute_strategy
+    if strategy.num_replicas_in_sync > 1:
+        raise ValueError(
+            f"compile_ahead runs one replica's steps side by side; this model trains on "
+            f"{strategy.num_replicas_in_sync} replicas, whose steps compile as they come")
+    batches, dev_batches = list(batches), list(dev_batches)
+    if not batches and not dev_batches:
+        return
+    model._maybe_symbolic_build(data_batch=(batches or dev_batches)[0])
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    model.make_train_function()
+    model.make_test_function()
+    state = _state_variables(model)
+    saved = [variable.numpy() for variable in state]
+    # Each batch with the shape unknown, as in `fit`'s datasets of several shapes: a
+    # step traced for a known shape would be compiled for it under another name than
+    # the one `fit` calls, and compiled again there.
+    jobs = [(function, iter(strategy.experimental_distribute_dataset(
+                 tf.data.Dataset.from_tensors(batch).map(_shape_unknown))))
+            for function, group in ((model.train_function, batches),
+                                    (model.test_function, dev_batches))
+            for batch in group]
+    workers = workers or os.cpu_count() or 1
+    with concurrent.futures.ThreadPoolExecutor(min(workers, len(jobs))) as pool:
+        for done in [pool.submit(function, iterator) for function, iterator in jobs]:
+            done.result()
+    for variable, value in zip(state, saved):
+        variable.assign(value)
+
+
+def _shape_unknown(*batch):
+    return tf.nest.map_structure(
+        lambda tensor: tf.compat.v1.placeholder_with_default(tensor, [None] * tensor.shape.rank),
+        batch)
+
+
+def _state_variables(model):
+    """Every variable a training step changes: the model's (weights and dropout's
+    random state) and the optimizer's (its step, moments and accumulators)."""
+    found = {}
+    for variable in [*model.variables, *model.optimizer.variables]:
+        found.setdefault(id(variable), variable)
+    return list(found.values())
+
+
+def one_batch_per_shape(dataset):
+    """The first batch of each shape in a finite `dataset` (the dev batches), in the
+    order they come."""
+    found = {}
+    for batch in dataset:
+        key = tuple(tuple(tensor.shape) for tensor in tf.nest.flatten(batch))
+        found.setdefault(key, batch)
+    return list(found.values())
 
 
 # Checkpoints ---------------------------------------------------------------

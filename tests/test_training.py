@@ -281,3 +281,62 @@ def test_the_training_and_dev_steps_are_traced_once(monkeypatch):
     model.train_on_batch(inputs, targets)
     model.train_on_batch(inputs, targets)
     assert traced["train"] == [slots], traced
+
+
+@pytest.mark.slow  # 8 XLA compilations on a CPU: 45 s
+def test_compiling_ahead_leaves_training_as_it_was(tokenizer, xla_on_cpu, monkeypatch):
+    """`compile_ahead` runs the XLA step once for each batch shape, side by side, and
+    then restores the model: the run that follows equals one without it, weight for
+    weight, with dropout on (its random state), Adam's step count and moments and the
+    accumulating optimizer's sums all counted; and `fit` traces no step again (the
+    slow cache test in test_train_cli.py counts the compilations). Its example
+    batches are what the dataset gives."""
+    import tensorflow as tf
+
+    from keras_transformer import data
+    from keras_transformer.model import Transformer
+
+    pairs = data.load_parallel("bundled", "dev").take(400)
+    batches = data.TrainingBatches(pairs, tokenizer, tokens_per_batch=640,
+                                   max_sentence_tokens=96, seed=0, num_buckets=2)
+    assert len(batches.shapes) == 2, batches.shapes
+    for accumulate_steps in (1, 2):
+        spec = batches.dataset(0, accumulate_steps).element_spec
+        for shape in batches.shapes:
+            example = batches.example_batch(shape, accumulate_steps)
+            assert tf.nest.map_structure(lambda t: (t.dtype, t.shape.rank), example) \
+                == tf.nest.map_structure(lambda s: (s.dtype, s.shape.rank), spec)
+    examples = [batches.example_batch(shape, accumulate_steps=2) for shape in batches.shapes]
+    dev = data.make_batches(pairs.take(60), tokenizer, 640, 96, shuffle=False,
+                            deterministic=True, static_batch_size=True,
+                            bucket_boundaries=batches.bucket_boundaries)
+    dev_examples = training.one_batch_per_shape(dev)
+    assert [tuple(batch[1].shape) for batch in dev_examples] == [(rows, length) for rows, length, _
+                                                                 in batches.shapes]
+    traced = []
+    for kind in ("train", "test"):
+        step = getattr(Transformer, f"{kind}_step")
+        monkeypatch.setattr(Transformer, f"{kind}_step",
+                            lambda self, data, step=step, kind=kind: (traced.append(kind),
+                                                                      step(self, data))[1])
+
+    def trained(ahead):
+        keras.utils.set_random_seed(1)
+        model = kt.build_transformer(kt.TransformerConfig.tiny(
+            tokenizer.vocab_size, num_layers=1, d_model=16, d_ff=32))
+        training.compile_for_training(model, warmup_steps=10, jit_compile=True,
+                                      accumulate_steps=2)
+        if ahead:
+            training.compile_ahead(model, examples, dev_examples, workers=3)
+            # Each step traced once, for a batch of unknown shape, as `fit` calls it:
+            # a step traced for a known shape would be compiled under another name.
+            assert sorted(traced) == ["test", "train"], traced
+            traced.clear()
+        model.fit(batches.dataset(0, accumulate_steps=2), steps_per_epoch=8, epochs=1,
+                  validation_data=dev, verbose=0)
+        if ahead:
+            assert traced == []
+        return [v.numpy() for v in [*model.variables, *model.optimizer.variables]]
+
+    for got, want in zip(trained(True), trained(False), strict=True):
+        np.testing.assert_array_equal(got, want)

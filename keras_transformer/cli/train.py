@@ -139,6 +139,10 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     model, schedule, step = build_model(run_dir, model_config, config, strategy)
     train_batches, dev_batches = make_batches(config, tokenizer, train_pairs, dev_pairs, strategy)
     account.mark("vocabulary and batches")
+    # === XLA: the steps for every batch shape compiled side by side, before the first ===
+    shapes_to_compile = compile_steps(model, train_batches, dev_batches, config)
+    if config.jit_compile == "on":
+        account.mark("compiling")
 
     # === Time budget: time the first steps, then plan checkpoints and warm-up ===
     clock = budget.TrainingClock(
@@ -153,9 +157,8 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
         account.mark("timing steps")
 
     # === Fit: an epoch is a checkpoint interval ===
-    compiled_shapes = len(train_batches.shapes) if config.jit_compile == "on" else 0
     callbacks = [*training.run_callbacks(run_dir, config, clock, chief, tokenizer, dev_pairs,
-                                         compiled_shapes),
+                                         shapes_to_compile),
                  account]
     losses, step = fit(model, train_batches, dev_batches, step, max_steps, config, callbacks, clock)
     if not ended_well(losses, callbacks, account, run_dir, prog):
@@ -274,6 +277,40 @@ def make_batches(config, tokenizer, train_pairs, dev_pairs, strategy):
     return train_batches, dev_batches
 
 
+def compile_steps(model, train_batches, dev_batches, config):
+    """Under XLA on one replica, compiles the training step for every batch shape and
+    the dev step for each of its shapes before the first step, side by side
+    (`training.compile_ahead`): on a GPU each is a compilation of tens of seconds.
+    Returns the batch shapes whose step still compiles when it first comes (for the
+    progress line): none then, all of them on several replicas, whose steps are
+    not run side by side."""
+    from keras_transformer import training
+
+    if config.jit_compile != "on":
+        return 0
+    start = time.monotonic()
+    if config.compilation_cache:  # the names that the cache finds programs by
+        training.align_function_names()
+    shapes = train_batches.shapes
+    if model.distribute_strategy.num_replicas_in_sync > 1:
+        return len(shapes)
+    dev = training.one_batch_per_shape(dev_batches)
+    workers = min(len(shapes) + len(dev), os.cpu_count() or 1)
+    print(f"Compiling the training step for {_counted(len(shapes), 'batch shape')} and the dev "
+          f"step for {_counted(len(dev), 'shape')}, {workers} at a time (XLA, once a run"
+          f"{'; kept in --compilation-cache' if config.compilation_cache else ''})...",
+          flush=True)
+    training.compile_ahead(
+        model, [train_batches.example_batch(shape, config.accumulate_steps) for shape in shapes],
+        dev, workers)
+    print(f"Compiled in {time.monotonic() - start:.0f} s.", flush=True)
+    return 0
+
+
+def _counted(number, noun):
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def plan_budget(model, schedule, train_batches, clock, config, explicit, max_steps):
     """`(config, step)`: times the first steps of a budgeted run and plans the
     rest (`budget.plan_run`)."""
@@ -294,8 +331,6 @@ def fit(model, train_batches, dev_batches, step, max_steps, config, callbacks, c
     `max_steps`, or with a budget until the clock says stop."""
     from keras_transformer import training
 
-    if config.jit_compile == "on" and config.compilation_cache:
-        training.align_function_names()
     return training.fit_by_checkpoints(
         model, lambda step: train_batches.dataset(step, config.accumulate_steps), dev_batches,
         step, max_steps, config.checkpoint_every, config.steps, callbacks,

@@ -30,6 +30,7 @@ from keras_transformer.data.batching import fit_bucket_lengths
 from keras_transformer.data.batching import pad_batch
 from keras_transformer.data.batching import validate
 from keras_transformer.data.batching import without_autotuning
+from keras_transformer.token_ids import EOS_ID
 
 
 class TrainingBatches:
@@ -158,6 +159,18 @@ class TrainingBatches:
         options.experimental_distribute.auto_shard_policy = (
             tf.data.experimental.AutoShardPolicy.DATA)
         return dataset.with_options(options)
+
+    def example_batch(self, shape, accumulate_steps=1):
+        """A batch of `shape`, one of `shapes`, as `dataset(accumulate_steps=...)`
+        gives them, every token EOS: for compiling the training step for that shape
+        before the run (`training.compile_ahead`)."""
+        rows, source_length, target_length = shape
+        inputs = {"encoder_inputs": tf.fill([rows, source_length], EOS_ID),
+                  "decoder_inputs": tf.fill([rows, target_length], EOS_ID)}
+        targets = tf.fill([rows, target_length], EOS_ID)
+        if accumulate_steps > 1:
+            return inputs, targets, tf.ones([rows, target_length])
+        return inputs, targets
 
     def epoch(self, epoch):
         """Epoch `epoch`'s `batches_per_epoch` batches, in order."""
