@@ -7,6 +7,7 @@ listed by `runs.Checkpoints`, the run directory's other files by `runs.Run`.
 
 import concurrent.futures
 import csv
+import functools
 import math
 import os
 import sys
@@ -205,14 +206,17 @@ def compile_ahead(model, batches, dev_batches=(), workers=None):
     model.make_test_function()
     state = _state_variables(model)
     saved = [variable.numpy() for variable in state]
-    # Each batch with the shape unknown, as in `fit`'s datasets of several shapes: a
-    # step traced for a known shape would be compiled for it under another name than
-    # the one `fit` calls, and compiled again there.
-    jobs = [(function, iter(strategy.experimental_distribute_dataset(
-                 tf.data.Dataset.from_tensors(batch).map(_shape_unknown))))
-            for function, group in ((model.train_function, batches),
-                                    (model.test_function, dev_batches))
-            for batch in group]
+    # One iterator a step, each call taking the next batch, so that the step's
+    # function is traced once; each batch with its shape unknown, as in `fit`'s
+    # datasets of several shapes: a step traced for a known shape would be compiled
+    # for it under another name than the one `fit` calls, and compiled again there.
+    jobs = []
+    for function, group in ((model.train_function, batches), (model.test_function, dev_batches)):
+        if group:
+            datasets = [tf.data.Dataset.from_tensors(batch).map(_shape_unknown) for batch in group]
+            iterator = iter(strategy.experimental_distribute_dataset(
+                functools.reduce(tf.data.Dataset.concatenate, datasets)))
+            jobs += [(function, iterator)] * len(group)
     workers = workers or os.cpu_count() or 1
     with concurrent.futures.ThreadPoolExecutor(min(workers, len(jobs))) as pool:
         for done in [pool.submit(function, iterator) for function, iterator in jobs]:
