@@ -1,0 +1,1 @@
+XLA_FLAGS=--xla_gpu_enable_triton_gemm=false python3 benchmarks/gpu_training.py --cold-seconds 230 --warm-seconds 100 --torch-seconds 90 --log-dir $OUT --work-dir /tmp/gpu_training  # STEP_SECONDS=0 COLD_SECONDS=230 WARM_SECONDS=100 TORCH_SECONDS=90 bash benchmarks/gpu_session.sh at 26739e1 (compile_ahead, before its one-iterator fix), on a fresh H200 machine
