@@ -27,7 +27,8 @@ FILE_NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})-(.+)\.json$")
 # The figures a row shows, by key, in this order, wherever they sit in the report
 # (dotted path shown); at most MAX_FIGURES of them.
 HEADLINE_FIELDS = (
-    "first_step_seconds", "first_steps_seconds", "bleu", "sacrebleu", "sentences_per_second", "seconds_per_batch", "seconds_per_step",
+    "first_step_seconds", "sustained_target_tokens_per_second", "ours_over_torch",
+    "mfu_bf16_datasheet", "first_steps_seconds", "bleu", "sacrebleu", "sentences_per_second", "seconds_per_batch", "seconds_per_step",
     "target_tokens_per_second", "tokens_per_second", "pairs_per_second", "mfu",
     "speedup_over_torch", "ratio", "p50_ms", "p95_ms",
     "graph_over_ctranslate2_float32", "best_ours_graph_over_ctranslate2_int8",
