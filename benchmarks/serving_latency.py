@@ -167,12 +167,18 @@ def ours(model, tokenizer, options, precision, jit_compile, xla_max_batch_size, 
                                     beam_sizes=(BEAM_SIZE,), jit_compile=jit_compile,
                                     xla_max_batch_size=xla_max_batch_size, **options)
     # With XLA, the warm-up requests compile every padded shape (serving_shapes).
+    compiles = " (XLA: the warm-up compiles every padded shape)" if jit_compile else ""
+    log(f"ours-{precision}: exporting{compiles}...")
+    start = time.perf_counter()
     path = saved_model.export_translator(
         translator, os.path.join(directory, f"ours-{precision}"),
         warmup_texts=saved_model.WARMUP_TEXTS if jit_compile else (), check=False)
+    log(f"ours-{precision}: exported in {time.perf_counter() - start:.0f} s")
     loaded = tf.saved_model.load(path)
     signature = loaded.signatures["serving_default"]
     replay_seconds = replay_warmup(loaded, path, translator.settings()) if jit_compile else None
+    if replay_seconds is not None:
+        log(f"ours-{precision}: warm-up replayed in {replay_seconds:.0f} s")
 
     def translate(batch):
         return signature(text=tf.constant(batch))["translation"].numpy()
