@@ -57,6 +57,25 @@ def test_a_resumed_run_may_change_only_how_long_it_trains(tmp_path, model):
         run_configs.check_same_model(run, saved, wider)
 
 
+def test_a_new_run_of_the_papers_width_takes_its_warm_up(tmp_path):
+    """train's default warm-up (300) is the CPU recipes'; a model of d_model 512 or
+    more takes the paper's 4000 unless told, or unless a time budget plans it."""
+    def warmup(model, explicit=(), **fields):
+        fields = TrainingConfig(model=model, **fields).to_dict()
+        return run_configs.resolve_configs(str(tmp_path / "new"), fields,
+                                           {"model", *explicit})[0].warmup_steps
+
+    assert warmup("base") == warmup("big") == warmup("a_h4") == 4000
+    assert warmup("base", {"warmup_steps"}, warmup_steps=300) == 300
+    assert warmup("cpu-small") == warmup("tiny") == warmup("c_dmodel256") == 300
+    assert warmup("base", {"time_budget"}, time_budget=5.0) == 300  # the budget plans it
+    run = str(tmp_path / "run")  # a resumed run keeps what it was started with
+    fields = TrainingConfig(model="base", warmup_steps=300).to_dict()
+    config, model_config, _ = run_configs.resolve_configs(run, fields, {"model", "warmup_steps"})
+    runs.Run(run).write_config(model_config, config)
+    assert run_configs.resolve_configs(run, fields, {"model"})[0].warmup_steps == 300
+
+
 def test_a_swapped_vocabulary_is_refused_on_resume(tmp_path, model, tokenizer):
     run = make_run_dir(tmp_path / "run", tokenizer, model)
     saved = runs.Run(run).read_config()

@@ -204,6 +204,9 @@ def configure(args, fields, model_overrides, explicit):
     device = hardware.detect(strategy, measure_matmuls=hardware.uses_measured_matmuls(config))
     config, device_line = hardware.resolve(config, device)
     print(device_line, flush=True)
+    if saved is None and config.warmup_steps != fields["warmup_steps"]:
+        print(f"Warm-up: {config.warmup_steps} steps, the paper's for a model of d_model "
+              f"{model_config.d_model} (--warmup-steps sets another).", flush=True)
     keras.utils.set_random_seed(config.seed)
     training.set_precision(config.precision)
     # A budget on a CPU: the vocabulary and batches that this CPU's speed affords.
