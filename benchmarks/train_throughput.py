@@ -189,6 +189,9 @@ def measure(implementations, config, precision, jit_compile, args, peaks, real=N
             result["real_batches"] = time_real_batches(
                 model, real, config, args, peaks, fixed_shape=(*shape, args.length),
                 fixed_tokens_per_second=args.batch_size * args.length / seconds)
+            if args.fit_steps:
+                result["real_batches"]["fit"] = time_fit(
+                    model, real, args, result["real_batches"].get("target_tokens_per_second"))
         results.append(result)
     return results
 
@@ -252,6 +255,56 @@ def time_real_batches(model, batches, config, args, peaks, fixed_shape,
         report.update({key: value for key, value in mfu_fields(
             sustained["flops"] / sustained["steps"], seconds / sustained["steps"], peaks).items()
             if key.startswith("mfu")})
+    return report
+
+
+def time_fit(model, batches, args, train_on_batch_tokens_per_second):
+    """`model.fit` on the real batches, as train.py runs it, `--fit-steps` steps an
+    epoch: without callbacks, then with train.py's callbacks (`training.run_callbacks`:
+    NaN check, checkpoints, the clock, the progress line, TensorBoard, log.csv). Each
+    timed epoch follows an untimed one over the same steps' shapes (their traces and
+    compilations), and is timed from its first step to its last (a callback listed
+    first; Keras waits for the device before the epoch ends), its checkpoint and dev
+    pass left out. Where this and `train_on_batch` differ, the time goes to `fit`'s
+    per-step work: callbacks that read each step's logs wait for the device."""
+    import contextlib
+    import tempfile
+
+    import keras
+    import numpy as np
+
+    from keras_transformer import budget
+    from keras_transformer import training
+    from keras_transformer.config import TrainingConfig
+
+    class EpochTimer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.seconds = time.perf_counter() - self.start
+
+    steps = args.fit_steps
+    start_step = args.real_steps  # past the batches time_real_batches read
+    tokens = sum(int(np.count_nonzero(targets)) for _, targets in
+                 batches.dataset(start_step + steps).take(steps).as_numpy_iterator())
+    report = {"steps": steps, "target_tokens": tokens}
+    with tempfile.TemporaryDirectory() as directory:
+        config = TrainingConfig(steps=10 * steps, checkpoint_every=steps, keep_checkpoints=1,
+                                average_last=1)
+        with contextlib.redirect_stdout(sys.stderr):  # the progress line: stdout is the JSON
+            run_callbacks = training.run_callbacks(
+                os.path.join(directory, "run"), config, budget.TrainingClock())
+        for name, callbacks in (("no_callbacks", []), ("train_callbacks", run_callbacks)):
+            timer = EpochTimer()
+            model.fit(batches.dataset(start_step), steps_per_epoch=steps, epochs=2,
+                      callbacks=[timer, *callbacks], shuffle=False, verbose=0)
+            real = tokens / timer.seconds
+            report[name] = {"seconds_per_step": round(timer.seconds / steps, 4),
+                            "target_tokens_per_second": round(real, 1)}
+            if train_on_batch_tokens_per_second:
+                report[name]["over_train_on_batch"] = round(
+                    real / train_on_batch_tokens_per_second, 3)
     return report
 
 
@@ -354,6 +407,9 @@ def main():
                              "--data value, e.g. bundled)")
     parser.add_argument("--real-steps", type=int, default=100,
                         help="steps on real batches (new shapes' first steps included)")
+    parser.add_argument("--fit-steps", type=int, default=0,
+                        help="with --real-batches: also time model.fit over this many real "
+                             "batches an epoch, without callbacks and with train.py's")
     parser.add_argument("--length-buckets", type=int, default=None,
                         help="with --real-batches: as train.py's (default: 8 lengths fitted "
                              "to the corpus on a GPU, the fine buckets on a CPU)")

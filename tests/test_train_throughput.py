@@ -258,12 +258,14 @@ def test_train_throughput_prints_json():
 @pytest.mark.slow
 def test_train_throughput_real_batches():
     """train.py's batches of the bundled corpus (a 400-id vocabulary, pairs of up to
-    32 tokens: 4 length buckets), 12 steps under XLA after the fixed batch."""
+    32 tokens: 4 length buckets), 12 steps under XLA after the fixed batch, then
+    `model.fit` over 4 an epoch."""
     report = run_script(os.path.join(BENCHMARKS, "train_throughput.py"),
                         "--model", "tiny", "--vocab-size", "400", "--length", "16",
                         "--tokens-per-batch", "256", "--warmup-steps", "1", "--steps", "2",
                         "--xla", "on", "--real-batches", "bundled",
-                        "--max-sentence-tokens", "32", "--real-steps", "12", timeout=300)
+                        "--max-sentence-tokens", "32", "--real-steps", "12", "--fit-steps", "4",
+                        timeout=300)
     assert (report["batch_size"], report["tokens_per_batch"]) == (16, 256)
     corpus = report["real_batches"]
     assert corpus["corpus"] == "bundled" and corpus["tokens_per_batch"] == 256
@@ -287,6 +289,15 @@ def test_train_throughput_real_batches():
     assert real["real_over_fixed"] == pytest.approx(
         real["target_tokens_per_second"] / result["target_tokens_per_second"], rel=0.01)
     assert 0 < real["mfu"] < 1
+    # model.fit over 4 more real batches, without callbacks and with train.py's.
+    fit = real["fit"]
+    assert fit["steps"] == 4 and 0 < fit["target_tokens"] <= 4 * 256
+    for name in ("no_callbacks", "train_callbacks"):
+        timed = fit[name]
+        assert timed["target_tokens_per_second"] == pytest.approx(
+            fit["target_tokens"] / (4 * timed["seconds_per_step"]), rel=0.02)
+        assert timed["over_train_on_batch"] == pytest.approx(
+            timed["target_tokens_per_second"] / real["target_tokens_per_second"], rel=0.01)
 
 
 @pytest.mark.slow
