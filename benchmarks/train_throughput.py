@@ -39,8 +39,10 @@ learned from it, `--tokens-per-batch` (or batch size x length) tokens a batch an
 sentences up to `--max-sentence-tokens`. The model (for the fixed batch too) then
 has the learned vocabulary's size. Its `real_batches` report non-padding and padded
 target tokens/s over the steps on shapes already seen (sustained), the distinct
-batch shapes, the time of each new shape's first step (a compilation under XLA) and
-the ratio of the sustained real-batch tokens/s to the fixed batch's.
+batch shapes, the time of each new shape's first step (under XLA every shape is
+compiled before, side by side, as train does: `compile_ahead_seconds`), the ratio of the
+sustained real-batch tokens/s to the fixed batch's, and with `--fit-steps N` the rates of
+`model.fit` over N real batches an epoch, without callbacks and with train.py's.
 """
 
 import argparse
@@ -186,9 +188,17 @@ def measure(implementations, config, precision, jit_compile, args, peaks, real=N
             **mfu_fields(flops, seconds, peaks),
         }
         if real is not None and implementation == "ours":
+            compile_seconds = None
+            if jit_compile:  # every real shape compiled side by side first, as train does
+                from keras_transformer import training
+
+                start = time.perf_counter()
+                training.compile_ahead(model, [real.example_batch(s) for s in real.shapes])
+                compile_seconds = round(time.perf_counter() - start, 2)
             result["real_batches"] = time_real_batches(
                 model, real, config, args, peaks, fixed_shape=(*shape, args.length),
                 fixed_tokens_per_second=args.batch_size * args.length / seconds)
+            result["real_batches"]["compile_ahead_seconds"] = compile_seconds
             if args.fit_steps:
                 result["real_batches"]["fit"] = time_fit(
                     model, real, args, result["real_batches"].get("target_tokens_per_second"))
@@ -203,7 +213,8 @@ def time_real_batches(model, batches, config, args, peaks, fixed_shape,
 
     A step on a shape the model has not run yet (the fixed batch's counts as run)
     is timed apart: it traces the step again (Keras relaxes the traced shapes after
-    a few) or, under XLA, compiles it for that shape. The others are sustained
+    a few); under XLA every shape was compiled before (`compile_ahead`, as train
+    does, its seconds in `compile_ahead_seconds`). The others are sustained
     training: their tokens/s are the ones to compare with the fixed batch's.
     """
     import numpy as np
