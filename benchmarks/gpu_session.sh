@@ -15,8 +15,13 @@
 #    warm, and PyTorch compiled on the same card (gpu_training.json, train_cold.log,
 #    train_warm.log).
 # 3. With TEST_SECONDS > 0 (default 0), the fast tests on 6 of the 16 cores beside step 2.
+# 4. With FIT_SECONDS > 0 (default 0), where train's step time goes: train_throughput.py on
+#    the fixed 520 x 48 batch, on train.py's real batches (train_on_batch) and through
+#    model.fit without and with train.py's callbacks (--fit-steps), and PyTorch compiled
+#    at 520 x 48 (fit_overhead.json).
 # install.log holds nvidia-smi's reading; stderr.log the benchmarks' stderr.
-# Seconds: STEP_SECONDS (0: no step 1), COLD_SECONDS, WARM_SECONDS, TORCH_SECONDS, TEST_SECONDS.
+# Seconds: STEP_SECONDS (0: no step 1), COLD_SECONDS, WARM_SECONDS, TORCH_SECONDS, TEST_SECONDS,
+# FIT_SECONDS.
 set -u
 out=${OUT:?set OUT to the folder the files go to}
 bash .gpu/stage.sh > "$out/install.log" && bash .gpu/install.sh >> "$out/install.log" 2>&1 \
@@ -59,6 +64,20 @@ on_cores 0-9 python3 benchmarks/gpu_training.py \
   > "$out/gpu_training.json" 2>> "$out/stderr.log"
 echo "gpu_training.py exit status $? at $((SECONDS - started)) s"
 wait
+if [ "${FIT_SECONDS:-0}" -gt 0 ]; then
+  timeout "$FIT_SECONDS" python3 benchmarks/train_throughput.py --model base --vocab-size 8000 \
+    --tokens-per-batch 25000 --length 48 --precisions mixed_bfloat16 --xla on --warmup-steps 1 \
+    --steps 20 --real-batches bundled --real-steps 150 --fit-steps 100 --compare-torch \
+    --torch-compile on > "$out/fit_overhead.json" 2>> "$out/stderr.log"
+  echo "train_throughput.py exit status $? at $((SECONDS - started)) s"
+  python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))['results'][0]
+real = r.get('real_batches', {})
+print('fixed', r['seconds_per_step'], r['target_tokens_per_second'], r.get('speedup_over_torch'))
+print('real', real.get('compile_ahead_seconds'), real.get('target_tokens_per_second'),
+      real.get('real_over_fixed'), real.get('fit'))" "$out/fit_overhead.json" 2>&1 | tail -4
+fi
 [ -e "$out/tests.log" ] && grep -E "passed|failed|error|exit status|^FAILED|^ERROR" "$out/tests.log" | tail -30
 python3 - "$out/gpu_training.json" <<'PY'
 import json, sys
