@@ -165,6 +165,26 @@ MUTANTS = [
            "blocks = block > 0 and by_alpha[alpha] >= score(0, alpha)",
            ["tests/test_evaluation.py::"
             "test_choose_decoding_takes_the_best_alpha_then_blocks_where_that_scores_higher"]),
+    # Compiling ahead restores the weights but not the optimizer: training after it
+    # starts from another step, learning rate and moments.
+    mutant("compile-ahead-forgets-the-optimizer", "keras_transformer/training.py",
+           "for variable in [*model.variables, *model.optimizer.variables]:",
+           "for variable in [*model.variables]:",
+           ["tests/test_training.py::test_compiling_ahead_leaves_training_as_it_was"],
+           slow=True),
+    # Compiling ahead on batches of known shape: `fit` calls another trace and compiles
+    # every shape again.
+    mutant("compile-ahead-with-known-shapes", "keras_transformer/training.py",
+           "datasets = [tf.data.Dataset.from_tensors(batch).map(_shape_unknown) for batch in group]",
+           "datasets = [tf.data.Dataset.from_tensors(batch) for batch in group]",
+           ["tests/test_training.py::test_compiling_ahead_leaves_training_as_it_was",
+            "tests/test_train_cli.py::"
+            "test_a_second_run_and_a_resumed_one_load_what_xla_compiled"], slow=True),
+    # A model of the paper's width trained with the CPU recipes' warm-up.
+    mutant("paper-width-gets-the-cpu-warm-up", "keras_transformer/config.py",
+           "if model_config.d_model >= PAPER_WARMUP_MIN_D_MODEL and not self.time_budget:",
+           "if model_config.d_model > PAPER_WARMUP_MIN_D_MODEL and not self.time_budget:",
+           ["tests/test_runs.py::test_a_new_run_of_the_papers_width_takes_its_warm_up"]),
     # `int | None` flags (--key-dim, --value-dim) parsed as strings.
     mutant("optional-int-flags-as-strings", "keras_transformer/cli/common.py",
            'kind = {int: int, float: float, int | None: int, "int | None": int}.get(',
