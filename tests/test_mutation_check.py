@@ -40,13 +40,17 @@ def test_names_are_unique():
 @pytest.mark.slow
 def test_every_mutant_is_caught():
     """The check itself: each mutant applied to a copy makes its tests fail
-    (about 4 minutes on 2 cores, each test run stopping at its first failure)."""
+    (about 4 minutes on 2 cores, each test run stopping at its first failure). The
+    mutants whose guard is a slow test are left to `python scripts/mutation_check.py`
+    by hand: each costs a minute or more of XLA compilations or training, and CI's
+    run of every test must stay within its 90 minutes."""
     import json
     import subprocess
 
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "mutation_check.py")],
-                            capture_output=True, text=True, timeout=3000)
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "mutation_check.py"),
+                             "--skip-slow"], capture_output=True, text=True, timeout=3000)
     report = json.loads(result.stdout)
     assert (report["missed"], report["stale"]) == ([], []), result.stderr[-3000:]
-    assert report["caught"] == report["total"] == len(mutation_check.MUTANTS)
+    fast = [m for m in mutation_check.MUTANTS if not m["slow"]]
+    assert report["caught"] == report["total"] == len(fast)
     assert result.returncode == 0
