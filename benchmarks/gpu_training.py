@@ -43,6 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [HERE, ROOT]
 
+from keras_transformer.config import PAPER_WARMUP_STEPS  # noqa: E402
 from machine import cpu_flags  # noqa: E402
 from machine import datasheet_peak  # noqa: E402
 from machine import nvidia_smi  # noqa: E402
@@ -158,7 +159,8 @@ def main():
     os.makedirs(logs, exist_ok=True)
     run_dir, cache = os.path.join(work, "run"), os.path.join(work, "xla-cache")
     flags = ["--model", args.model, "--vocab-size", str(args.vocab_size),
-             "--tokens-per-batch", str(args.tokens_per_batch), "--warmup-steps", "4000",
+             "--tokens-per-batch", str(args.tokens_per_batch),
+             "--warmup-steps", str(PAPER_WARMUP_STEPS),
              "--strategy", "auto",
              "--steps", str(args.steps), "--checkpoint-every", str(args.checkpoint_every),
              "--test-sentences", "0", "--compilation-cache", cache, "--out", run_dir]

@@ -189,7 +189,6 @@ def compile_ahead(model, batches, dev_batches=(), workers=None):
             (`TrainingBatches.example_batch`).
         dev_batches: one dev batch of each shape (`one_batch_per_shape`).
         workers: steps run at a time; default: one per CPU core.
-
     """
     strategy = model.distribute_strategy
     if strategy.num_replicas_in_sync > 1:
@@ -206,8 +205,8 @@ def compile_ahead(model, batches, dev_batches=(), workers=None):
     model.make_test_function()
     state = _state_variables(model)
     saved = [variable.numpy() for variable in state]
-    # One iterator a step, each call taking the next batch, so that the step's
-    # function is traced once; each batch with its shape unknown, as in `fit`'s
+    # One iterator a step function (training, dev), each call taking its next batch,
+    # so that each function is traced once; each batch with its shape unknown, as in `fit`'s
     # datasets of several shapes: a step traced for a known shape would be compiled
     # for it under another name than the one `fit` calls, and compiled again there.
     jobs = []
