@@ -41,6 +41,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from machine import VERBOSE_HELP  # noqa: E402 (imports no TensorFlow)
+from machine import require  # noqa: E402
 from machine import set_decoding_environment  # noqa: E402
 
 
@@ -109,6 +110,8 @@ def parse_args(argv):
         args.repeats = min(args.repeats, 2)
     if args.forced_steps and args.forced_steps < args.source_length:
         parser.error("--forced-steps must be 0 or at least --source-length")
+    if args.compare_ctranslate2:
+        require(parser, "ctranslate2", "benchmarks", "leave out --compare-ctranslate2")
     return args
 
 

@@ -40,7 +40,10 @@ from machine import cpu_flags  # noqa: E402
 
 
 # The int8 products timed: oneDNN's quantized kernel, and XLA's int8 dot.
-VARIANTS = ("onednn_int8", "xla_int8")
+# bfloat16 (oneDNN's, as a bfloat16 export multiplies) is timed too: on a CPU that
+# has bfloat16 instructions (hardware.has_bfloat16_instructions), it is the
+# product int8 must beat.
+VARIANTS = ("onednn_int8", "xla_int8", "bfloat16")
 
 
 def decoder_step_products(d_model, d_ff, vocab_size, layers):
@@ -57,8 +60,9 @@ def decoder_step_products(d_model, d_ff, vocab_size, layers):
 
 
 def quantized_product(weights):
-    """`(float32, onednn_int8, xla_int8)`: functions multiplying `[rows, inputs]`
-    by `weights`, the last two through int8 weights and activations."""
+    """`(float32, onednn_int8, xla_int8, bfloat16)`: functions multiplying
+    `[rows, inputs]` by `weights`, the middle two through int8 weights and
+    activations, the last in bfloat16 (activations cast on each call)."""
     weights_scale = float(np.abs(weights).max()) / 127.0
     integers = np.clip(np.round(weights / weights_scale), -127, 127).astype(np.int32)
     kernel = tf.constant(weights)
@@ -90,7 +94,13 @@ def quantized_product(weights):
                                    output_type=tf.int32)
         return tf.cast(product, tf.float32) * (scale * weights_scale)
 
-    return float32, onednn_int8, xla_int8
+    kernel_bfloat16 = tf.cast(kernel, tf.bfloat16)
+
+    @tf.function
+    def bfloat16(x):
+        return tf.cast(tf.matmul(tf.cast(x, tf.bfloat16), kernel_bfloat16), tf.float32)
+
+    return float32, onednn_int8, xla_int8, bfloat16
 
 
 def seconds_per_call(fn, x, repeats, min_seconds):

@@ -46,6 +46,17 @@ def set_decoding_environment(parallel_searches=1):
             for name in common.decoding_environment(parallel_searches)}
 
 
+def require(parser, module, extra, without):
+    """Before any timing: ends the benchmark with `parser`'s usage error naming
+    how to install `module` (the package's `extra`) or run `without` it, where
+    it is not installed, rather than a traceback minutes into the run."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        parser.error(f"{module} is not installed: pip install -e '.[{extra}]' (or "
+                     f"bash scripts/setup.sh {extra}), or {without}")
+
+
 def best_seconds(run, repeats):
     """The fastest of `repeats` timed calls of `run`, after one untimed call
     (tracing, compilation, first-touch allocations)."""

@@ -32,6 +32,7 @@ HEADLINE_FIELDS = (
     "target_tokens_per_second", "tokens_per_second", "pairs_per_second", "mfu",
     "speedup_over_torch", "ratio", "p50_ms", "p95_ms",
     "graph_over_ctranslate2_float32", "best_ours_graph_over_ctranslate2_int8",
+    "best_ours_graph-bfloat16_over_ctranslate2_int8", "step_speedup_bfloat16",
     "step_speedup_onednn_int8", "step_speedup_xla_int8", "first_fit_seconds", "train_step_traces",
 )
 MAX_FIGURES = 6

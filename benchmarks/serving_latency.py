@@ -47,6 +47,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from machine import VERBOSE_HELP  # noqa: E402 (imports no TensorFlow)
+from machine import require  # noqa: E402
 from machine import set_decoding_environment  # noqa: E402
 
 DECODING_ENVIRONMENT = set_decoding_environment()
@@ -113,6 +114,8 @@ def parse_args(argv):
     if not args.batch_sizes or args.batch_sizes[0] < 1:
         parser.error("--batch-sizes must be positive integers, e.g. 1,8,32,128")
     args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    if not args.no_ctranslate2:
+        require(parser, "ctranslate2", "benchmarks", "add --no-ctranslate2")
     return args
 
 

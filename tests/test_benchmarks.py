@@ -100,6 +100,26 @@ def test_resume_time_prints_json():
     assert "avx512_bf16" in report["machine"]
 
 
+def test_a_comparison_without_its_engine_stops_before_timing_with_what_to_install(capsys):
+    """A missing comparator ends the benchmark at its arguments, naming the
+    extra that installs it and the flag that leaves it out."""
+    import argparse
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        from machine import require
+    finally:
+        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+    parser = argparse.ArgumentParser(prog="decode_throughput.py")
+    require(parser, "json", "benchmarks", "leave out --compare-ctranslate2")  # installed: no-op
+    with pytest.raises(SystemExit) as stopped:
+        require(parser, "no_such_engine_xyz", "benchmarks", "leave out --compare-ctranslate2")
+    assert stopped.value.code == 2
+    assert ("decode_throughput.py: error: no_such_engine_xyz is not installed: pip install -e "
+            "'.[benchmarks]' (or bash scripts/setup.sh benchmarks), or leave out "
+            "--compare-ctranslate2") in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_decode_throughput_prints_json():
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "decode_throughput.py"),
@@ -171,9 +191,10 @@ def test_int8_matmul_prints_json():
     assert shapes == [([4, 32, 96], 2), ([4, 32, 32], 4), ([4, 32, 32], 2), ([4, 32, 64], 2),
                       ([4, 64, 32], 2), ([4, 32, 100], 1)]
     for product in report["products"]:
-        for variant in ("onednn_int8", "xla_int8"):
-            # Per-tensor int8 of Gaussian operands: about 1% off float32. A lost
-            # shift (the bias's 128 column sums) or scale is off by far more.
+        for variant in ("onednn_int8", "xla_int8", "bfloat16"):
+            # Per-tensor int8 of Gaussian operands: about 1% off float32, bfloat16
+            # about 0.3%. A lost shift (the bias's 128 column sums) or scale is off
+            # by far more.
             assert 0 < product[variant]["relative_error"] < 0.03, product
             assert product[variant]["seconds"] > 0
     float32 = sum(p["float32_seconds"] * p["per_step"] for p in report["products"])

@@ -1,0 +1,1 @@
+python benchmarks/int8_matmul.py
