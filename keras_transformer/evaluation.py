@@ -28,7 +28,9 @@ from keras_transformer import loading
 # Batches are formed from sentences of similar length: sorting by length
 # wastes less padding and lets short batches stop early.
 DEFAULT_BATCH_SIZE = 32
-# A progress bar appears on inputs with at least this many sentences.
+# With progress="auto", a progress bar appears on inputs with at least this many
+# sentences, where stderr is a terminal (not in a log file, where its carriage
+# returns pile up on one line).
 PROGRESS_MIN_SENTENCES = 200
 
 
@@ -53,7 +55,7 @@ def translate_sentences(
         sentences: strings (or bytes) to translate.
         batch_size: sentences per call.
         progress: True for a progress bar on stderr; "auto" for one only when
-            there are at least 200 sentences.
+            there are at least 200 sentences and stderr is a terminal.
         beam_size, alpha, extra_length, no_repeat_ngram_size: optional
             decoding settings (`DecodingConfig.REQUEST_SETTINGS`); the
             translator's own when None.
@@ -79,7 +81,7 @@ def translate_sentences(
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]), reverse=True)
     translations = [None] * len(sentences)
     if progress == "auto":
-        progress = len(sentences) >= PROGRESS_MIN_SENTENCES
+        progress = len(sentences) >= PROGRESS_MIN_SENTENCES and sys.stderr.isatty()
     bar = tqdm.tqdm(
         total=len(sentences), unit="sent", disable=not progress, file=sys.stderr,
         dynamic_ncols=True,

@@ -106,6 +106,36 @@ def test_progress_bar_goes_to_stderr(translator, capsys):
     assert "4/4" in captured.err
 
 
+class _Terminal:
+    """A stderr that says it is a terminal, or not, and keeps what is written."""
+
+    def __init__(self, is_terminal):
+        self.is_terminal, self.text = is_terminal, ""
+
+    def isatty(self):
+        return self.is_terminal
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("is_terminal", [True, False])
+def test_the_automatic_progress_bar_shows_on_a_terminal_and_long_inputs_only(
+        translator, monkeypatch, is_terminal):
+    """"auto" (translate's and evaluate's default): a bar on a terminal for 200
+    sentences or more; none in a log file, where its carriage returns pile up."""
+    monkeypatch.setattr(evaluation, "PROGRESS_MIN_SENTENCES", 5)
+    stderr = _Terminal(is_terminal)
+    monkeypatch.setattr(evaluation.sys, "stderr", stderr)
+    evaluation.translate_sentences(translator, SENTENCES[:4], batch_size=4, progress="auto")
+    assert stderr.text == ""  # fewer than the minimum
+    evaluation.translate_sentences(translator, SENTENCES[:4] * 2, batch_size=4, progress="auto")
+    assert ("8/8" in stderr.text) == is_terminal, stderr.text
+
+
 def test_evaluate_a_corpus(translator):
     pairs = tf.data.Dataset.from_tensor_slices(
         {"source": SENTENCES, "target": SENTENCES})

@@ -97,7 +97,6 @@ def test_the_quickstart_runs_end_to_end_and_prints_only_its_messages(tmp_path):
         prefix = re.split(r"\d", " ".join(line.split()[:3]), maxsplit=1)[0]
         assert any(printed.startswith(prefix) for printed in out), (line, out)
 
-    # stderr holds evaluate's progress bar (carriage returns) and nothing else.
-    leftover = [part for part in re.split(r"[\r\n]", result.stderr)
-                if part.strip() and "sent/s" not in part]
-    assert leftover == [], leftover
+    # Nothing on stderr: no library's logs or warnings, and no progress bar, as
+    # stderr is not a terminal here (in a log file its carriage returns pile up).
+    assert result.stderr == "", result.stderr[-3000:]

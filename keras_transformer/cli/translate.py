@@ -6,7 +6,7 @@
 
 Every input line gives one output line, empty lines included, so the output
 aligns with the input. A progress bar appears on stderr for inputs of 200 lines
-or more (--progress / --no-progress to choose). Decoding is the paper's (beam 4,
+or more where stderr is a terminal (--progress / --no-progress to choose). Decoding is the paper's (beam 4,
 alpha 0.6, input length + 50) unless the flags say otherwise; inputs longer than
 the model's maximum length are truncated.
 """
@@ -43,7 +43,8 @@ def parse_args(argv, prog=PROG):
     # None: the translator's own, which a request leaves out.
     add_decoding_flags(parser, REQUEST_SETTINGS, defaults=dict.fromkeys(REQUEST_SETTINGS))
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="progress bar on stderr (default: for 200 lines or more)")
+                        help="progress bar on stderr (default: for 200 lines or more, where "
+                             "stderr is a terminal)")
     args = parser.parse_args(argv)
     for flag, path in (("--export", args.export), ("--run", args.run)):
         if path is not None and not os.path.isdir(path):
