@@ -401,6 +401,18 @@ def test_evaluate_reads_corpora_as_train_does(tmp_path):
         evaluate.load_pairs(evaluate.parse_args(["--run", str(tmp_path), "--test", "no.tsv"]))
 
 
+def test_translate_and_evaluate_show_the_progress_bar_as_the_library_decides(tmp_path):
+    """Both commands leave the bar to `translate_sentences`'s "auto" (a terminal
+    and 200 lines or more; tests/test_evaluation.py) unless a flag says."""
+    from keras_transformer.cli import evaluate
+    from keras_transformer.cli import translate
+
+    for command in (evaluate, translate):
+        assert command.parse_args(["--run", str(tmp_path)]).progress == "auto"
+        assert command.parse_args(["--run", str(tmp_path), "--progress"]).progress is True
+        assert command.parse_args(["--run", str(tmp_path), "--no-progress"]).progress is False
+
+
 def test_the_command_dispatches_to_its_sub_commands(capsys):
     """`keras-transformer COMMAND` (and `python -m keras_transformer COMMAND`) runs the
     same command as the clone's COMMAND.py, naming itself in its messages."""

@@ -53,8 +53,8 @@ def parse_args(argv, prog=PROG):
     add_decoding_flags(parser, REQUEST_SETTINGS, defaults=dict.fromkeys(REQUEST_SETTINGS))
     parser.add_argument("--output", help="write the translations here, one a line")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="progress bar on stderr (default: for 200 pairs or more, where "
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default="auto",
+                        help="progress bar on stderr (auto: for 200 pairs or more, where "
                              "stderr is a terminal)")
     args = parser.parse_args(argv)
     for flag, path in (("--export", args.export), ("--run", args.run)):
@@ -102,8 +102,7 @@ def main(argv=None, prog=PROG):
         pairs = load_pairs(args)
         translator = loading.load_translator(args.export, args.run, args.weights)
         result = evaluation.evaluate(
-            translator, pairs, args.batch_size, "auto" if args.progress is None else args.progress,
-            limit=args.limit,
+            translator, pairs, args.batch_size, args.progress, limit=args.limit,
             **{name: getattr(args, name) for name in REQUEST_SETTINGS},
         )
     except (ValueError, FileNotFoundError) as error:

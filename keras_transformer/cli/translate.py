@@ -42,8 +42,8 @@ def parse_args(argv, prog=PROG):
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
     # None: the translator's own, which a request leaves out.
     add_decoding_flags(parser, REQUEST_SETTINGS, defaults=dict.fromkeys(REQUEST_SETTINGS))
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="progress bar on stderr (default: for 200 lines or more, where "
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default="auto",
+                        help="progress bar on stderr (auto: for 200 lines or more, where "
                              "stderr is a terminal)")
     args = parser.parse_args(argv)
     for flag, path in (("--export", args.export), ("--run", args.run)):
@@ -74,7 +74,7 @@ def main(argv=None, prog=PROG):
         translator = loading.load_translator(args.export, args.run, args.weights)
         translations = evaluation.translate_sentences(
             translator, lines, args.batch_size,
-            progress="auto" if args.progress is None else args.progress,
+            progress=args.progress,
             **{name: getattr(args, name) for name in REQUEST_SETTINGS},
         )
     except (ValueError, FileNotFoundError) as error:
