@@ -113,13 +113,16 @@ def train_xla_flags():
 
 
 def logged_intervals(run_dir):
-    """log.csv's rows: step and target tokens/s of each checkpoint interval."""
+    """log.csv's rows: step, target tokens/s, and training and dev loss (whether the
+    run learns) of each checkpoint interval."""
     path = os.path.join(run_dir, "log.csv")
     if not os.path.exists(path):
         return []
     with open(path) as f:
         return [{"step": int(row["step"]), "elapsed_seconds": float(row["elapsed_seconds"]),
-                 "target_tokens_per_second": float(row["target_tokens_per_second"])}
+                 "target_tokens_per_second": float(row["target_tokens_per_second"]),
+                 **{key: round(float(row[key]), 4) for key in ("loss", "val_loss")
+                    if row.get(key)}}
                 for row in csv.DictReader(f) if row.get("target_tokens_per_second")]
 
 
