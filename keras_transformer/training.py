@@ -8,6 +8,7 @@ listed by `runs.Checkpoints`, the run directory's other files by `runs.Run`.
 import concurrent.futures
 import csv
 import functools
+import logging
 import math
 import os
 import sys
@@ -217,11 +218,27 @@ def compile_ahead(model, batches, dev_batches=(), workers=None):
                 functools.reduce(tf.data.Dataset.concatenate, datasets)))
             jobs += [(function, iterator)] * len(group)
     workers = workers or os.cpu_count() or 1
-    with concurrent.futures.ThreadPoolExecutor(min(workers, len(jobs))) as pool:
-        for done in [pool.submit(function, iterator) for function, iterator in jobs]:
-            done.result()
+    logger, overlapping = tf.get_logger(), _OverlappingCallsFilter()
+    logger.addFilter(overlapping)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(min(workers, len(jobs))) as pool:
+            for done in [pool.submit(function, iterator) for function, iterator in jobs]:
+                done.result()
+    finally:
+        logger.removeFilter(overlapping)
     for variable, value in zip(state, saved):
         variable.assign(value)
+
+
+class _OverlappingCallsFilter(logging.Filter):
+    """Drops TensorFlow's "N out of the last N calls ... triggered tf.function
+    retracing" warning, which `compile_ahead`'s side-by-side calls set off falsely:
+    each step function is traced once, but `tf.function` counts every call that
+    overlaps the one tracing it as a retrace of its own (on a 16-core GPU machine,
+    two such warnings in the middle of train's output)."""
+
+    def filter(self, record):
+        return "triggered tf.function retracing" not in record.getMessage()
 
 
 def _shape_unknown(*batch):

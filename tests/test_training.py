@@ -340,3 +340,37 @@ def test_compiling_ahead_leaves_training_as_it_was(tokenizer, xla_on_cpu, monkey
 
     for got, want in zip(trained(True), trained(False), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.slow  # 14 XLA compilations on a CPU: about 45 s
+def test_compiling_ahead_side_by_side_prints_no_retracing_warning(tokenizer, xla_on_cpu, capfd,
+                                                                  caplog):
+    """More step calls side by side than TensorFlow's threshold (5) still trace each
+    step once, and train's output does not get tf.function's "triggered tf.function
+    retracing" warning, which counts every call overlapping the trace as one (two of
+    them in train's output on a 16-core H200 machine, 2026-11-27)."""
+    from keras_transformer import data
+
+    pairs = data.load_parallel("bundled", "dev").take(1500)
+    batches = data.TrainingBatches(pairs, tokenizer, tokens_per_batch=1200,
+                                   max_sentence_tokens=96, seed=0, num_buckets=7)
+    dev = data.make_batches(pairs.take(300), tokenizer, 1200, 96, shuffle=False,
+                            deterministic=True, static_batch_size=True,
+                            bucket_boundaries=batches.bucket_boundaries)
+    dev_examples = training.one_batch_per_shape(dev)
+    calls = len(batches.shapes) + len(dev_examples)
+    assert calls >= 12, (batches.shapes, len(dev_examples))
+    model = kt.build_transformer(kt.TransformerConfig.tiny(
+        tokenizer.vocab_size, num_layers=1, d_model=16, d_ff=32))
+    training.compile_for_training(model, warmup_steps=10, jit_compile=True)
+    capfd.readouterr()
+    training.compile_ahead(model, [batches.example_batch(shape, 1) for shape in batches.shapes],
+                           dev_examples, workers=calls)
+    # TensorFlow's logger prints to stderr, or hands its records to the root
+    # logger's handlers where there are any (pytest's caplog).
+    assert "retracing" not in capfd.readouterr().err + caplog.text
+    for function in (model.train_function, model.test_function):
+        traced = [cell.cell_contents.experimental_get_tracing_count()
+                  for cell in function.__closure__
+                  if hasattr(cell.cell_contents, "experimental_get_tracing_count")]
+        assert traced == [1], traced
