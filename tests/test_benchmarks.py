@@ -313,6 +313,10 @@ def test_gpu_training_reads_the_runs_as_their_logs_say(tmp_path):
     assert cold["shapes"] and 0 < cold["padding"]["target"] < 1
     assert any(line.startswith("Resuming ") for line in warm["summary"])
     with open(tmp_path / "run" / "log.csv") as f:
-        rates = [float(row["target_tokens_per_second"]) for row in csv.DictReader(f)]
+        rows = list(csv.DictReader(f))
+    rates = [float(row["target_tokens_per_second"]) for row in rows]
     assert len(rates) == 3 and report["intervals"]["warm"] == []
+    # Whether the run learns: each interval's training and dev loss, as log.csv has them.
+    assert [(item["loss"], item["val_loss"]) for item in report["intervals"]["cold"]] == [
+        (round(float(row["loss"]), 4), round(float(row["val_loss"]), 4)) for row in rows]
     assert report["sustained_target_tokens_per_second"] == statistics.median(rates[1:])
