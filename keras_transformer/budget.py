@@ -240,8 +240,15 @@ class ProgressLine(keras.callbacks.Callback):
     time so far; and, where XLA compiles the step, a line for each pause of a
     compilation, so that a GPU's first minutes are not silent.
 
+    A budgeted run's line shows the steps expected in all as its pace says
+    ("step 250/~1000"): the steps since its first `fit` began, over the clock's time
+    since then (dev passes and checkpoints included), carried on to the budget. The
+    plan (`plan_run`) counts from the first steps' median, less a reserve; the pace
+    says where the budget will stop the run.
+
     Args:
-        steps: the steps planned in all (shown as "step 250/1000").
+        steps: the steps planned in all (shown as "step 250/1000"; a budgeted run's
+            line before it has a pace).
         clock: the run's `TrainingClock`, for the time and the budget.
         stream: where to print (stdout).
         compiled_shapes: how many batch shapes XLA compiles the training step for,
@@ -265,9 +272,15 @@ class ProgressLine(keras.callbacks.Callback):
         self._compilations = 1  # the first step's
         self._dev_start = None
         self._dev_passes = 0
+        self._pace_start = None  # (step, clock reading) when a budgeted run's fit began
 
     def _say(self, text):
         print(text, file=self.stream, flush=True)
+
+    def on_train_begin(self, logs=None):
+        if self._pace_start is None and self.clock.budget_seconds is not None:
+            self._pace_start = (int(self.model.optimizer.iterations.numpy()),
+                                self.clock.elapsed())
 
     def on_train_batch_begin(self, batch, logs=None):
         self._step_start = time.monotonic()
@@ -320,7 +333,7 @@ class ProgressLine(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         step = int(self.model.optimizer.iterations.numpy())
-        parts = [f"step {step}/{self.steps}" if step <= self.steps else f"step {step}"]
+        parts = [self._steps_text(step)]
         for key, label in (("loss", "loss"), ("val_loss", "dev loss"), ("bleu", "dev BLEU"),
                            ("token_accuracy", "accuracy")):
             if key in logs:
@@ -334,6 +347,18 @@ class ProgressLine(keras.callbacks.Callback):
         budget = self.clock.budget_seconds
         parts.append(f"{elapsed} of {_minutes(budget)}" if budget else elapsed)
         print("  ".join(parts), file=self.stream, flush=True)
+
+
+    def _steps_text(self, step):
+        budget = self.clock.budget_seconds
+        if budget is not None and self._pace_start is not None:
+            first_step, first_reading = self._pace_start
+            elapsed = self.clock.elapsed()
+            if step > first_step and elapsed > first_reading:
+                pace = (step - first_step) / (elapsed - first_reading)
+                expected = step + round(max(0.0, budget - elapsed) * pace)
+                return f"step {step}/~{expected}"
+        return f"step {step}/{self.steps}" if step <= self.steps else f"step {step}"
 
 
 def _count(value):
