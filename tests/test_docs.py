@@ -202,6 +202,8 @@ def test_the_readme_is_short_and_holds_the_quickstart_transcript():
     assert transcript.startswith("```\n$ bash scripts/quickstart.sh") and transcript.endswith("```")
     for question in ("## Status", "## Quickstart", "## Train on your own data", "## Results"):
         assert question in text, question
+    # It starts with the quickstart: the first section after the opening paragraph.
+    assert re.findall(r"^## .*", text, re.M)[0] == "## Quickstart"
 
 
 @pytest.mark.parametrize("page", DOC_PAGES)
