@@ -253,6 +253,8 @@ class ProgressLine(keras.callbacks.Callback):
         stream: where to print (stdout).
         compiled_shapes: how many batch shapes XLA compiles the training step for,
             once each as it first comes (0: no XLA).
+        max_steps: a budgeted run's cap on the steps in all (`--steps` with
+            `--time-budget`), which the count at its pace does not pass.
     """
 
     # A step this much slower than the fastest one, and at least these seconds,
@@ -260,9 +262,10 @@ class ProgressLine(keras.callbacks.Callback):
     COMPILATION_FACTOR = 10
     COMPILATION_SECONDS = 5.0
 
-    def __init__(self, steps, clock, stream=None, compiled_shapes=0):
+    def __init__(self, steps, clock, stream=None, compiled_shapes=0, max_steps=None):
         super().__init__()
         self.steps = steps
+        self.max_steps = max_steps
         self.clock = clock
         self.stream = stream or sys.stdout
         self.compiled_shapes = compiled_shapes
@@ -357,6 +360,8 @@ class ProgressLine(keras.callbacks.Callback):
             if step > first_step and elapsed > first_reading:
                 pace = (step - first_step) / (elapsed - first_reading)
                 expected = step + round(max(0.0, budget - elapsed) * pace)
+                if self.max_steps is not None:
+                    expected = max(step, min(expected, self.max_steps))
                 return f"step {step}/~{expected}"
         return f"step {step}/{self.steps}" if step <= self.steps else f"step {step}"
 

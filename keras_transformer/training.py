@@ -460,7 +460,7 @@ class BleuEvaluation(keras.callbacks.Callback):
 
 
 def run_callbacks(run, config, clock, chief=True, tokenizer=None, dev_pairs=None,
-                  compiled_shapes=0):
+                  compiled_shapes=0, max_steps=None):
     """The callbacks of a `train.py` run, in order: stop on NaN, checkpoint,
     learning rate, the clock, dev BLEU every `config.bleu_every` steps (chief
     only, with `tokenizer` and `dev_pairs`), the progress line, and on the chief
@@ -470,6 +470,8 @@ def run_callbacks(run, config, clock, chief=True, tokenizer=None, dev_pairs=None
         run: the `runs.Run` (or its directory) that the checkpoints and logs go to.
         compiled_shapes: the batch shapes XLA compiles the step for (0: no XLA),
             for the progress line's word on each compilation.
+        max_steps: a budgeted run's cap on its steps (`--steps`), for the
+            progress line's count.
     """
     run = runs.Run(run) if isinstance(run, (str, os.PathLike)) else run
     callbacks = [
@@ -483,7 +485,8 @@ def run_callbacks(run, config, clock, chief=True, tokenizer=None, dev_pairs=None
                  for pair in dev_pairs.take(config.bleu_sentences).as_numpy_iterator()]
         every_epochs = max(1, round(config.bleu_every / config.checkpoint_every))
         callbacks.append(BleuEvaluation(tokenizer, pairs, every_epochs))
-    callbacks.append(ProgressLine(config.steps, clock, compiled_shapes=compiled_shapes))
+    callbacks.append(ProgressLine(config.steps, clock, compiled_shapes=compiled_shapes,
+                                  max_steps=max_steps))
     if chief:
         callbacks += [
             keras.callbacks.TensorBoard(run.tensorboard_dir),

@@ -120,7 +120,8 @@ def test_a_budgeted_runs_progress_line_counts_the_steps_its_pace_reaches():
     since `fit` began over the clock's time since then, carried on to the budget),
     not from the plan (the first steps' median, less a reserve): on a Zen 5 the
     quickstart planned 1512 steps, said "step 1444/1512", then "step 1520" and made
-    1672. A run without a budget shows its planned steps."""
+    1672. A run without a budget shows its planned steps; a cap (`--steps`) caps
+    the count."""
     import io
 
     import keras
@@ -128,13 +129,14 @@ def test_a_budgeted_runs_progress_line_counts_the_steps_its_pace_reaches():
     class Model:
         optimizer = type("Optimizer", (), {"iterations": keras.Variable(20)})()
 
-    def lines(budget_seconds):
+    def lines(budget_seconds, max_steps=None):
         now = [13.0]  # the first 20 steps timed and the plan made
         clock = budget.TrainingClock(budget_seconds, start=0.0, wall_start=0.0)
         clock.read = lambda: now[0]
         stream = io.StringIO()
-        progress = budget.ProgressLine(1512, clock, stream)
+        progress = budget.ProgressLine(1512, clock, stream, max_steps=max_steps)
         model = Model()
+        model.optimizer.iterations.assign(20)
         progress.set_model(model)
         progress.on_train_begin()
         for step, reading in ((96, 33.0), (172, 53.0), (1732, 473.0), (1808, 493.0)):
@@ -147,6 +149,9 @@ def test_a_budgeted_runs_progress_line_counts_the_steps_its_pace_reaches():
     assert lines(480.0) == ["step 96/~1795", "step 172/~1795", "step 1732/~1758",
                             "step 1808/~1808"]
     assert lines(None) == ["step 96/1512", "step 172/1512", "step 1732", "step 1808"]
+    # With --steps as well, the run stops at whichever comes first.
+    assert lines(480.0, max_steps=1000) == ["step 96/~1000", "step 172/~1000",
+                                            "step 1732/~1732", "step 1808/~1808"]
 
 
 @pytest.mark.parametrize("budget_seconds", [None, 600.0])

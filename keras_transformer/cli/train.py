@@ -158,7 +158,7 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
 
     # === Fit: an epoch is a checkpoint interval ===
     callbacks = [*training.run_callbacks(run_dir, config, clock, chief, tokenizer, dev_pairs,
-                                         shapes_to_compile),
+                                         shapes_to_compile, max_steps),
                  account]
     losses, step = fit(model, train_batches, dev_batches, step, max_steps, config, callbacks, clock)
     if not ended_well(losses, callbacks, account, run_dir, prog):
