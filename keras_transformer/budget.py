@@ -66,6 +66,14 @@ class TrainingClock(keras.callbacks.Callback):
             return False
         return self.elapsed() + self._epoch_seconds / 2 >= self.budget_seconds
 
+    def epochs_left(self):
+        """The epochs still to come before `over_budget` stops the run, each as
+        long as the last one (None: no budget, or no epoch yet)."""
+        if self.budget_seconds is None or not self._epoch_seconds:
+            return None
+        left = (self.budget_seconds - self.elapsed()) / self._epoch_seconds - 0.5
+        return max(0, math.ceil(left))
+
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = self.read()
         self._steps_wall = [time.monotonic(), None]
@@ -240,11 +248,10 @@ class ProgressLine(keras.callbacks.Callback):
     time so far; and, where XLA compiles the step, a line for each pause of a
     compilation, so that a GPU's first minutes are not silent.
 
-    A budgeted run's line shows the steps expected in all as its pace says
-    ("step 250/~1000"): the steps since its first `fit` began, over the clock's time
-    since then (dev passes and checkpoints included), carried on to the budget. The
-    plan (`plan_run`) counts from the first steps' median, less a reserve; the pace
-    says where the budget will stop the run.
+    A budgeted run's line shows the step that the budget will stop it at, as its
+    pace says ("step 250/~1000"): the epochs the clock still lets it run
+    (`TrainingClock.epochs_left`), each of as many steps as the last. The plan
+    (`plan_run`) counts from the first steps' median, less a reserve.
 
     Args:
         steps: the steps planned in all (shown as "step 250/1000"; a budgeted run's
@@ -275,15 +282,14 @@ class ProgressLine(keras.callbacks.Callback):
         self._compilations = 1  # the first step's
         self._dev_start = None
         self._dev_passes = 0
-        self._pace_start = None  # (step, clock reading) when a budgeted run's fit began
+        self._last_step = None  # at the last epoch end (or the first fit's start)
 
     def _say(self, text):
         print(text, file=self.stream, flush=True)
 
     def on_train_begin(self, logs=None):
-        if self._pace_start is None and self.clock.budget_seconds is not None:
-            self._pace_start = (int(self.model.optimizer.iterations.numpy()),
-                                self.clock.elapsed())
+        if self._last_step is None:
+            self._last_step = int(self.model.optimizer.iterations.numpy())
 
     def on_train_batch_begin(self, batch, logs=None):
         self._step_start = time.monotonic()
@@ -353,16 +359,13 @@ class ProgressLine(keras.callbacks.Callback):
 
 
     def _steps_text(self, step):
-        budget = self.clock.budget_seconds
-        if budget is not None and self._pace_start is not None:
-            first_step, first_reading = self._pace_start
-            elapsed = self.clock.elapsed()
-            if step > first_step and elapsed > first_reading:
-                pace = (step - first_step) / (elapsed - first_reading)
-                expected = step + round(max(0.0, budget - elapsed) * pace)
-                if self.max_steps is not None:
-                    expected = max(step, min(expected, self.max_steps))
-                return f"step {step}/~{expected}"
+        epochs_left = self.clock.epochs_left()
+        last_step, self._last_step = self._last_step, step
+        if epochs_left is not None and last_step is not None and step > last_step:
+            expected = step + epochs_left * (step - last_step)
+            if self.max_steps is not None:
+                expected = max(step, min(expected, self.max_steps))
+            return f"step {step}/~{expected}"
         return f"step {step}/{self.steps}" if step <= self.steps else f"step {step}"
 
 

@@ -115,21 +115,24 @@ def test_the_time_account_sets_the_dev_passes_apart(monkeypatch):
                               "averaging 30 s, dev passes 5 s, checkpoints 4 s.")
 
 
-def test_a_budgeted_runs_progress_line_counts_the_steps_its_pace_reaches():
-    """A budgeted run's lines count the steps to come from its pace (the steps
-    since `fit` began over the clock's time since then, carried on to the budget),
-    not from the plan (the first steps' median, less a reserve): on a Zen 5 the
+def test_a_budgeted_runs_progress_line_counts_the_step_the_budget_stops_it_at():
+    """A budgeted run's lines count the step that the clock will stop it at (the
+    epochs `over_budget` still lets it run, each of as many steps as the last), not
+    the plan's count (the first steps' median, less a reserve): on a Zen 5 the
     quickstart planned 1512 steps, said "step 1444/1512", then "step 1520" and made
-    1672. A run without a budget shows its planned steps; a cap (`--steps`) caps
-    the count."""
+    1672. Without a budget the line shows the planned steps; `--steps` caps the
+    count."""
     import io
 
     import keras
 
     class Model:
         optimizer = type("Optimizer", (), {"iterations": keras.Variable(20)})()
+        stop_training = False
 
-    def lines(budget_seconds, max_steps=None):
+    def run(budget_seconds, epochs, max_steps=None):
+        """`epochs`: (steps, seconds) of each; returns the lines' step counts and
+        the step the clock stopped the run at."""
         now = [13.0]  # the first 20 steps timed and the plan made
         clock = budget.TrainingClock(budget_seconds, start=0.0, wall_start=0.0)
         clock.read = lambda: now[0]
@@ -137,21 +140,35 @@ def test_a_budgeted_runs_progress_line_counts_the_steps_its_pace_reaches():
         progress = budget.ProgressLine(1512, clock, stream, max_steps=max_steps)
         model = Model()
         model.optimizer.iterations.assign(20)
-        progress.set_model(model)
+        for callback in (clock, progress):
+            callback.set_model(model)
         progress.on_train_begin()
-        for step, reading in ((96, 33.0), (172, 53.0), (1732, 473.0), (1808, 493.0)):
-            model.optimizer.iterations.assign(step)
-            now[0] = reading
+        for steps, seconds in epochs:
+            clock.on_epoch_begin(0)
+            model.optimizer.iterations.assign_add(steps)
+            now[0] += seconds
+            clock.on_epoch_end(0)
             progress.on_epoch_end(0, {})
-        return [line.split("  ")[0] for line in stream.getvalue().splitlines()]
+            if model.stop_training:
+                break
+        counts = [line.split("  ")[0] for line in stream.getvalue().splitlines()]
+        return counts, int(model.optimizer.iterations.numpy())
 
-    # 76 steps in 20 s: 3.8 a second, 447 s left -> 96 + 1699; then 152 in 40 s.
-    assert lines(480.0) == ["step 96/~1795", "step 172/~1795", "step 1732/~1758",
-                            "step 1808/~1808"]
-    assert lines(None) == ["step 96/1512", "step 172/1512", "step 1732", "step 1808"]
-    # With --steps as well, the run stops at whichever comes first.
-    assert lines(480.0, max_steps=1000) == ["step 96/~1000", "step 172/~1000",
-                                            "step 1732/~1732", "step 1808/~1808"]
+    # Epochs of 76 steps in 20 s from 0:13 of 8:00: the clock stops the run at the
+    # epoch end nearest the budget, 0:13 + 23 x 20 s = 7:53, step 20 + 23 x 76.
+    counts, stopped = run(480.0, [(76, 20.0)] * 40)
+    assert stopped == 20 + 23 * 76 == 1768
+    assert counts == [f"step {20 + 76 * n}/~1768" for n in range(1, 24)]
+    # Epochs of 40 s from 3:33 on: after the first ends at 4:13, six more reach
+    # 8:13, 13 s past the budget (five would stop 27 s before it).
+    counts, stopped = run(480.0, [(76, 20.0)] * 10 + [(76, 40.0)] * 20)
+    assert counts[9] == "step 780/~1768" and counts[10] == "step 856/~1312"
+    assert stopped == 856 + 6 * 76 == 1312 and counts[-1] == "step 1312/~1312"
+    # --steps as well: the run stops at whichever comes first.
+    counts, _ = run(480.0, [(76, 20.0)] * 3, max_steps=1000)
+    assert counts == ["step 96/~1000", "step 172/~1000", "step 248/~1000"]
+    counts, _ = run(None, [(76, 20.0)] * 3)
+    assert counts == ["step 96/1512", "step 172/1512", "step 248/1512"]
 
 
 @pytest.mark.parametrize("budget_seconds", [None, 600.0])

@@ -268,6 +268,11 @@ def test_time_budget_plans_and_stops_after_the_budget(tmp_path):
     assert config["learning_rate_scale"] == pytest.approx(peak * (64 * warmup) ** 0.5, rel=1e-2)
     assert config["steps"] == int(rows[-1]["step"])  # what the run did
     assert os.path.exists(os.path.join(run, "averaged.weights.h5"))
+    # Each progress line counts the steps to come at the run's pace; the last, its own.
+    counts = [tuple(map(int, found)) for found in
+              re.findall(r"^step (\d+)/~(\d+)  ", result.stdout, re.M)]
+    assert [step for step, _ in counts] == [int(row["step"]) for row in rows], result.stdout
+    assert counts[-1] == (config["steps"], config["steps"]), counts
 
 
 # train.py, killed by SIGKILL right after checkpoint 2 is written.
