@@ -66,13 +66,17 @@ class TrainingClock(keras.callbacks.Callback):
             return False
         return self.elapsed() + self._epoch_seconds / 2 >= self.budget_seconds
 
-    def epochs_left(self):
-        """The epochs still to come before `over_budget` stops the run, each as
-        long as the last one (None: no budget, or no epoch yet)."""
-        if self.budget_seconds is None or not self._epoch_seconds:
+    def epochs_left(self, epoch_seconds=None):
+        """The epochs still to come before `over_budget` stops the run, each
+        `epoch_seconds` long (default: as long as the last one); 0 once it stops
+        the run (None: no budget, or no epoch yet)."""
+        epoch_seconds = epoch_seconds or self._epoch_seconds
+        if self.budget_seconds is None or not epoch_seconds:
             return None
-        left = (self.budget_seconds - self.elapsed()) / self._epoch_seconds - 0.5
-        return max(0, math.ceil(left))
+        if self.over_budget():
+            return 0
+        left = (self.budget_seconds - self.elapsed()) / epoch_seconds - 0.5
+        return max(1, math.ceil(left))
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = self.read()
@@ -250,8 +254,10 @@ class ProgressLine(keras.callbacks.Callback):
 
     A budgeted run's line shows the step that the budget will stop it at, as its
     pace says ("step 250/~1000"): the epochs the clock still lets it run
-    (`TrainingClock.epochs_left`), each of as many steps as the last. The plan
-    (`plan_run`) counts from the first steps' median, less a reserve.
+    (`TrainingClock.epochs_left`), each as long as the epochs since the first `fit`
+    began on average (those with a dev pass and the others) and of as many steps as
+    the last. The plan (`plan_run`) counts from the first steps' median, less a
+    reserve.
 
     Args:
         steps: the steps planned in all (shown as "step 250/1000"; a budgeted run's
@@ -283,6 +289,7 @@ class ProgressLine(keras.callbacks.Callback):
         self._dev_start = None
         self._dev_passes = 0
         self._last_step = None  # at the last epoch end (or the first fit's start)
+        self._start = None  # (clock reading, epochs) when the first fit began
 
     def _say(self, text):
         print(text, file=self.stream, flush=True)
@@ -290,6 +297,7 @@ class ProgressLine(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if self._last_step is None:
             self._last_step = int(self.model.optimizer.iterations.numpy())
+            self._start = [self.clock.elapsed(), 0]
 
     def on_train_batch_begin(self, batch, logs=None):
         self._step_start = time.monotonic()
@@ -359,7 +367,11 @@ class ProgressLine(keras.callbacks.Callback):
 
 
     def _steps_text(self, step):
-        epochs_left = self.clock.epochs_left()
+        epochs_left = None
+        if self._start is not None:
+            self._start[1] += 1
+            started, epochs = self._start
+            epochs_left = self.clock.epochs_left((self.clock.elapsed() - started) / epochs)
         last_step, self._last_step = self._last_step, step
         if epochs_left is not None and last_step is not None and step > last_step:
             expected = step + epochs_left * (step - last_step)

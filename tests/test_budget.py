@@ -117,7 +117,8 @@ def test_the_time_account_sets_the_dev_passes_apart(monkeypatch):
 
 def test_a_budgeted_runs_progress_line_counts_the_step_the_budget_stops_it_at():
     """A budgeted run's lines count the step that the clock will stop it at (the
-    epochs `over_budget` still lets it run, each of as many steps as the last), not
+    epochs `over_budget` still lets it run, each as long as the epochs so far on
+    average and of as many steps as the last), not
     the plan's count (the first steps' median, less a reserve): on a Zen 5 the
     quickstart planned 1512 steps, said "step 1444/1512", then "step 1520" and made
     1672. Without a budget the line shows the planned steps; `--steps` caps the
@@ -159,11 +160,13 @@ def test_a_budgeted_runs_progress_line_counts_the_step_the_budget_stops_it_at():
     counts, stopped = run(480.0, [(76, 20.0)] * 40)
     assert stopped == 20 + 23 * 76 == 1768
     assert counts == [f"step {20 + 76 * n}/~1768" for n in range(1, 24)]
-    # Epochs of 40 s from 3:33 on: after the first ends at 4:13, six more reach
-    # 8:13, 13 s past the budget (five would stop 27 s before it).
-    counts, stopped = run(480.0, [(76, 20.0)] * 10 + [(76, 40.0)] * 20)
-    assert counts[9] == "step 780/~1768" and counts[10] == "step 856/~1312"
-    assert stopped == 856 + 6 * 76 == 1312 and counts[-1] == "step 1312/~1312"
+    # Every fourth epoch 20 s longer (a dev pass): the count follows the mean epoch
+    # (25 s after the first longer one, at 1:53: 15 more to 8:08 -> 324 + 15 x 76;
+    # 24 s after the next: 14 more to 8:08) and stays put through the longer ones;
+    # the clock stops the run where its last line says.
+    counts, stopped = run(480.0, [(76, 20.0), (76, 20.0), (76, 20.0), (76, 40.0)] * 10)
+    assert counts[3:5] == ["step 324/~1464", "step 400/~1464"], counts
+    assert counts[-1] == f"step {stopped}/~{stopped}", (counts, stopped)
     # --steps as well: the run stops at whichever comes first.
     counts, _ = run(480.0, [(76, 20.0)] * 3, max_steps=1000)
     assert counts == ["step 96/~1000", "step 172/~1000", "step 248/~1000"]
