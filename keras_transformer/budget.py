@@ -66,11 +66,9 @@ class TrainingClock(keras.callbacks.Callback):
             return False
         return self.elapsed() + self._epoch_seconds / 2 >= self.budget_seconds
 
-    def epochs_left(self, epoch_seconds=None):
+    def epochs_left(self, epoch_seconds):
         """The epochs still to come before `over_budget` stops the run, each
-        `epoch_seconds` long (default: as long as the last one); 0 once it stops
-        the run (None: no budget, or no epoch yet)."""
-        epoch_seconds = epoch_seconds or self._epoch_seconds
+        `epoch_seconds` long; 0 once it stops the run (None: no budget)."""
         if self.budget_seconds is None or not epoch_seconds:
             return None
         if self.over_budget():
@@ -254,10 +252,9 @@ class ProgressLine(keras.callbacks.Callback):
 
     A budgeted run's line shows the step that the budget will stop it at, as its
     pace says ("step 250/~1000"): the epochs the clock still lets it run
-    (`TrainingClock.epochs_left`), each as long as the epochs since the first `fit`
-    began on average (those with a dev pass and the others) and of as many steps as
-    the last. The plan (`plan_run`) counts from the first steps' median, less a
-    reserve.
+    (`TrainingClock.epochs_left`), each of as many steps as the last, at the mean
+    pace since the first `fit` began (dev passes and checkpoints included). The
+    plan (`plan_run`) counts from the first steps' median, less a reserve.
 
     Args:
         steps: the steps planned in all (shown as "step 250/1000"; a budgeted run's
@@ -288,16 +285,17 @@ class ProgressLine(keras.callbacks.Callback):
         self._compilations = 1  # the first step's
         self._dev_start = None
         self._dev_passes = 0
+        self._fit_start = None  # (step, clock reading) when the first fit began
         self._last_step = None  # at the last epoch end (or the first fit's start)
-        self._start = None  # (clock reading, epochs) when the first fit began
 
     def _say(self, text):
         print(text, file=self.stream, flush=True)
 
     def on_train_begin(self, logs=None):
-        if self._last_step is None:
-            self._last_step = int(self.model.optimizer.iterations.numpy())
-            self._start = [self.clock.elapsed(), 0]
+        if self._fit_start is None:
+            self._fit_start = (int(self.model.optimizer.iterations.numpy()),
+                               self.clock.elapsed())
+            self._last_step = self._fit_start[0]
 
     def on_train_batch_begin(self, batch, logs=None):
         self._step_start = time.monotonic()
@@ -351,6 +349,7 @@ class ProgressLine(keras.callbacks.Callback):
         logs = logs or {}
         step = int(self.model.optimizer.iterations.numpy())
         parts = [self._steps_text(step)]
+        self._last_step = step
         for key, label in (("loss", "loss"), ("val_loss", "dev loss"), ("bleu", "dev BLEU"),
                            ("token_accuracy", "accuracy")):
             if key in logs:
@@ -365,19 +364,18 @@ class ProgressLine(keras.callbacks.Callback):
         parts.append(f"{elapsed} of {_minutes(budget)}" if budget else elapsed)
         print("  ".join(parts), file=self.stream, flush=True)
 
-
     def _steps_text(self, step):
-        epochs_left = None
-        if self._start is not None:
-            self._start[1] += 1
-            started, epochs = self._start
-            epochs_left = self.clock.epochs_left((self.clock.elapsed() - started) / epochs)
-        last_step, self._last_step = self._last_step, step
-        if epochs_left is not None and last_step is not None and step > last_step:
-            expected = step + epochs_left * (step - last_step)
-            if self.max_steps is not None:
-                expected = max(step, min(expected, self.max_steps))
-            return f"step {step}/~{expected}"
+        if self._fit_start is not None and step > self._last_step:
+            first_step, started = self._fit_start
+            epoch_steps = step - self._last_step
+            # An epoch of the last one's steps at the mean pace since fit began.
+            seconds = (self.clock.elapsed() - started) / (step - first_step) * epoch_steps
+            epochs_left = self.clock.epochs_left(seconds)
+            if epochs_left is not None:
+                expected = step + epochs_left * epoch_steps
+                if self.max_steps is not None:
+                    expected = max(step, min(expected, self.max_steps))
+                return f"step {step}/~{expected}"
         return f"step {step}/{self.steps}" if step <= self.steps else f"step {step}"
 
 

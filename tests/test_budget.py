@@ -117,8 +117,8 @@ def test_the_time_account_sets_the_dev_passes_apart(monkeypatch):
 
 def test_a_budgeted_runs_progress_line_counts_the_step_the_budget_stops_it_at():
     """A budgeted run's lines count the step that the clock will stop it at (the
-    epochs `over_budget` still lets it run, each as long as the epochs so far on
-    average and of as many steps as the last), not
+    epochs `over_budget` still lets it run, each at the mean pace so far
+    and of as many steps as the last), not
     the plan's count (the first steps' median, less a reserve): on a Zen 5 the
     quickstart planned 1512 steps, said "step 1444/1512", then "step 1520" and made
     1672. Without a budget the line shows the planned steps; `--steps` caps the
