@@ -5,13 +5,16 @@
 # ../.library/device/README.md's Notes say for wheels (39 MB: a call of its own, as the
 # TensorFlow chunks are). CTranslate2 finds cuBLAS 12 where TensorFlow does (/tmp/tfenv.sh).
 #
-#   bash benchmarks/gpu_decoding.sh
+#   bash benchmarks/gpu_decoding.sh [serving_latency.py's arguments]
 #
 # benchmarks/serving_latency.py with the base model's dimensions and random weights (48
-# forced steps a request, beam 4): our export in float32 and bfloat16, XLA on (auto on a
-# GPU), against CTranslate2 float32, float16 and int8_float16, at 1, 8, 32 and 128 sentences
-# a request; sentences/s, p50/p95 latency, the first request after the warm-up replay.
-# Files: serving_latency.json (the report), decoding.log. Seconds: DECODE_SECONDS.
+# forced steps a request, beam 4): our export (XLA on, auto on a GPU; by default bfloat16,
+# the match for CTranslate2's float16) against CTranslate2 float32, float16 and
+# int8_float16, at 1, 8, 32 and 128 sentences a request; sentences/s, p50/p95 latency, the
+# first request after the warm-up replay. The arguments replace the defaults, which fit
+# the 15 minutes a session has: sentences of at most 32 tokens (the export then compiles
+# 2 source lengths x 5 batch sizes, not 5 x 5) and 32 sentences a batch size (at least 5
+# requests). Files: serving_latency.json (the report), decoding.log. Seconds: DECODE_SECONDS.
 set -u
 out=${OUT:?set OUT to the folder the files go to}
 [ -e /tmp/tfenv.sh ] || { echo "no TensorFlow here: run benchmarks/gpu_session.sh first"; exit 1; }
@@ -21,9 +24,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=$PYTHONPATH:/tmp/site2:/tmp/site3 TF_FORCE_GPU_ALLOW_GROWTH=true PYTHONUNBUFFERED=1
 python3 -c "import ctranslate2; print('CTranslate2', ctranslate2.__version__, 'sees',
 ctranslate2.get_cuda_device_count(), 'GPU')" 2>&1 | tail -1
-timeout "${DECODE_SECONDS:-420}" python3 benchmarks/serving_latency.py \
-  --precisions float32,bfloat16 --out-dir /tmp/serving_latency \
-  > "$out/serving_latency.json" 2>> "$out/decoding.log"
+[ $# -gt 0 ] || set -- --precisions bfloat16 --max-input-length 32 --sentences 32
+echo "serving_latency.py $*"
+timeout "${DECODE_SECONDS:-420}" python3 benchmarks/serving_latency.py "$@" \
+  --out-dir /tmp/serving_latency > "$out/serving_latency.json" 2>> "$out/decoding.log"
 echo "serving_latency.py exit status $?"
 grep -E "batch [0-9]+:" "$out/decoding.log" | tail -24
 python3 - "$out/serving_latency.json" <<'PY'

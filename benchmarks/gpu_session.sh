@@ -26,13 +26,15 @@
 # 55 MB chunks no longer fit; re-split them at 50 MB first
 #   (cd .gpu && cat part_* > /tmp/p && rm part_* && split -b 50M -d -a 2 /tmp/p part_ \
 #    && sha256sum part_* > SHA256SUMS), then stage part_00..05 and carry part_06 here.
-# Seconds: STEP_SECONDS (0: no step 1), COLD_SECONDS, WARM_SECONDS, TORCH_SECONDS (0: no
-# PyTorch run in step 2), TEST_SECONDS,
-# FIT_SECONDS.
+# A machine where an earlier call installed TensorFlow (/tmp/tfenv.sh) skips the install.
+# Seconds: STEP_SECONDS (0: no step 1), COLD_SECONDS (0: no step 2), WARM_SECONDS,
+# TORCH_SECONDS (0: no PyTorch run in step 2), TEST_SECONDS, FIT_SECONDS.
 set -u
 out=${OUT:?set OUT to the folder the files go to}
-bash .gpu/stage.sh > "$out/install.log" && bash .gpu/install.sh >> "$out/install.log" 2>&1 \
-  || { cat "$out/install.log"; exit 1; }
+if [ ! -e /tmp/tfenv.sh ]; then  # not installed on this machine yet
+  bash .gpu/stage.sh > "$out/install.log" && bash .gpu/install.sh >> "$out/install.log" 2>&1 \
+    || { cat "$out/install.log"; exit 1; }
+fi
 if ls .whl/*.whl > /dev/null 2>&1; then  # only the tests and keras-hub's comparison need them
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site2 \
     .whl/*.whl >> "$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
@@ -67,12 +69,14 @@ if [ "${TEST_SECONDS:-0}" -gt 0 ]; then
      -p no:cacheprovider --ignore=tests/test_ctranslate2.py > "$out/tests.log" 2>&1
    echo "pytest exit status $?" >> "$out/tests.log") &
 fi
-on_cores 0-9 python3 benchmarks/gpu_training.py \
-  --cold-seconds "${COLD_SECONDS:-170}" --warm-seconds "${WARM_SECONDS:-60}" \
-  --torch-seconds "${TORCH_SECONDS:-100}" $([ "${TORCH_SECONDS:-100}" -gt 0 ] || echo --torch-steps 0) \
-  --log-dir "$out" --work-dir /tmp/gpu_training \
-  > "$out/gpu_training.json" 2>> "$out/stderr.log"
-echo "gpu_training.py exit status $? at $((SECONDS - started)) s"
+if [ "${COLD_SECONDS:-170}" -gt 0 ]; then  # COLD_SECONDS=0: no train runs
+  on_cores 0-9 python3 benchmarks/gpu_training.py \
+    --cold-seconds "${COLD_SECONDS:-170}" --warm-seconds "${WARM_SECONDS:-60}" \
+    --torch-seconds "${TORCH_SECONDS:-100}" $([ "${TORCH_SECONDS:-100}" -gt 0 ] || echo --torch-steps 0) \
+    --log-dir "$out" --work-dir /tmp/gpu_training \
+    > "$out/gpu_training.json" 2>> "$out/stderr.log"
+  echo "gpu_training.py exit status $? at $((SECONDS - started)) s"
+fi
 wait
 if [ "${FIT_SECONDS:-0}" -gt 0 ]; then
   timeout "$FIT_SECONDS" python3 benchmarks/train_throughput.py --model base --vocab-size 8000 \
@@ -90,7 +94,7 @@ print('real', real.get('compile_ahead_seconds'), real.get('target_tokens_per_sec
       real.get('real_over_fixed'), real.get('fit'))" "$out/fit_overhead.json" 2>&1 | tail -4
 fi
 [ -e "$out/tests.log" ] && grep -E "passed|failed|error|exit status|^FAILED|^ERROR" "$out/tests.log" | tail -30
-python3 - "$out/gpu_training.json" <<'PY'
+[ -e "$out/gpu_training.json" ] && python3 - "$out/gpu_training.json" <<'PY'
 import json, sys
 try:
     report = json.load(open(sys.argv[1]))

@@ -101,6 +101,10 @@ def parse_args(argv):
     parser.add_argument("--xla-max-batch-size", type=int, default=None,
                         help="ours with XLA for requests of at most this many sentences, "
                              "larger ones without (export --xla-max-batch-size)")
+    parser.add_argument("--max-input-length", type=int, default=None,
+                        help="only sentences of at most this many tokens, and ours exported "
+                             "with this max_input_length: an XLA export then compiles fewer "
+                             "source lengths (default: the model's max_positions)")
     parser.add_argument("--no-ctranslate2", action="store_true")
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     parser.add_argument("--out-dir", default=os.path.join("runs", "serving_latency"))
@@ -136,6 +140,18 @@ def load_model(args):
     return build_transformer(config), tokenizer, options
 
 
+def test_sentences(tokenizer, count, max_input_length=None):
+    """The first `count` sources of the bundled test split (of at most
+    `max_input_length` tokens, if given: no engine truncates them)."""
+    sentences = []
+    for pair in data.load_parallel("bundled", "test").as_numpy_iterator():
+        if max_input_length is None or len(tokenizer.tokenize(pair["source"])) <= max_input_length:
+            sentences.append(pair["source"].decode())
+        if len(sentences) == count:
+            break
+    return sentences
+
+
 def requests_for(sentences, batch_size, args):
     count = max(args.min_requests, math.ceil(args.sentences / batch_size))
     return [[sentences[(i * batch_size + j) % len(sentences)] for j in range(batch_size)]
@@ -162,13 +178,18 @@ def measure(translate, requests):
     }
 
 
-def ours(model, tokenizer, options, precision, jit_compile, xla_max_batch_size, directory):
-    """`translate(batch)` through the reloaded SavedModel, and its settings."""
+def ours(model, tokenizer, options, precision, jit_compile, xla_max_batch_size, max_batch_size,
+         max_input_length, directory):
+    """`translate(batch)` through the reloaded SavedModel, and its settings. The
+    export takes requests of up to `max_batch_size` sentences (the largest timed),
+    so that XLA's padded shapes stop there."""
     if precision != "float32":
         model = model.with_dtype(precision)
     translator = serving.Translator(model, tokenizer, beam_size=BEAM_SIZE, alpha=0.0,
                                     beam_sizes=(BEAM_SIZE,), jit_compile=jit_compile,
-                                    xla_max_batch_size=xla_max_batch_size, **options)
+                                    xla_max_batch_size=xla_max_batch_size,
+                                    max_batch_size=max_batch_size,
+                                    max_input_length=max_input_length, **options)
     # With XLA, the warm-up requests compile every padded shape (serving_shapes).
     compiles = " (XLA: the warm-up compiles every padded shape)" if jit_compile else ""
     log(f"ours-{precision}: exporting{compiles}...")
@@ -244,6 +265,7 @@ def engines(model, tokenizer, options, args, directory):
     suffix = "" if not jit_compile else "_xla" if small is None else f"_xla_up_to_{small}"
     listed = [(f"ours_{precision}{suffix}",
                lambda p=precision: ours(model, tokenizer, options, p, jit_compile, small,
+                                        max(args.batch_sizes), args.max_input_length,
                                         directory))
               for precision in args.precisions]
     if not args.no_ctranslate2:
@@ -309,10 +331,8 @@ def plot(report, path):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     model, tokenizer, options = load_model(args)
-    sentences = [pair["source"].decode() for pair in
-                 data.load_parallel("bundled", "test")
-                 .take(max(max(args.batch_sizes) * 2, CHECKED_SENTENCES))
-                 .as_numpy_iterator()]
+    sentences = test_sentences(tokenizer, max(max(args.batch_sizes) * 2, CHECKED_SENTENCES),
+                               args.max_input_length)
     config = model.config
     dims = (f"{config.num_layers}+{config.num_layers} layers, d_model {config.d_model}, "
             f"vocabulary {config.vocab_size}")
@@ -325,6 +345,7 @@ def main(argv=None):
         "machine": {"device": tensorflow_device(), **cpu_flags(), "tensorflow": tf.__version__,
                     **DECODING_ENVIRONMENT},
         "batch_sizes": args.batch_sizes,
+        "max_input_length": args.max_input_length,
         "engines": {},
     }
     outputs = {}
