@@ -27,7 +27,10 @@ import numpy as np
 from keras_transformer.durable import write_atomically
 
 SENTENCEPIECE_FILENAME = "sentencepiece.model"
-QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16")
+# The weights' storage types CTranslate2's converter writes: the first four compute
+# on a CPU, the last four (16-bit activations) on a GPU.
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16",
+                 "float16", "bfloat16", "int8_float16", "int8_bfloat16")
 # Rows of the position table: positions a CTranslate2 search can reach.
 POSITIONS = 1024
 
@@ -40,8 +43,11 @@ def export_ctranslate2(model, tokenizer, output_dir, quantization=None):
             (learned positions are not converted).
         tokenizer: its `SubwordTokenizer`.
         output_dir: the directory to write; must not exist.
-        quantization: None or "float32" (as trained), "int8", "int8_float32"
-            or "int16": the weights' storage type (CTranslate2 computes in it).
+        quantization: None or "float32" (as trained), one of the CPU types
+            "int8", "int8_float32" and "int16", or one of the GPU types
+            "float16", "bfloat16", "int8_float16" and "int8_bfloat16": the
+            weights' storage type (CTranslate2 computes in it by default, and
+            converts them to the `compute_type` a `Translator` asks for).
 
     Returns:
         `output_dir`.

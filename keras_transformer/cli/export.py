@@ -22,6 +22,7 @@ from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import add_decoding_flags
 from keras_transformer.cli.common import decoding_config
 from keras_transformer.cli.common import start_decoding
+from keras_transformer.ctranslate2_model import QUANTIZATIONS
 from keras_transformer.decoding_config import REQUEST_SETTINGS
 
 
@@ -51,8 +52,9 @@ def parse_args(argv, prog=PROG):
     parser.add_argument("--format", choices=("savedmodel", "ctranslate2"), default="savedmodel",
                         help="a SavedModel for TF Serving, or a CTranslate2 model with its "
                              "sentencepiece model (needs pip install ctranslate2)")
-    parser.add_argument("--quantization", choices=("float32", "int8", "int8_float32", "int16"),
-                        default="float32", help="--format ctranslate2: the weights' type")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="float32",
+                        help="--format ctranslate2: the weights' type (float16, bfloat16 "
+                             "and int8_float16/int8_bfloat16 for a GPU)")
     parser.add_argument("--weights", choices=("averaged", "final"), default="averaged",
                         help="the run's averaged checkpoints (the paper's) or its final model")
     parser.add_argument("--version", type=int, default=None,
