@@ -17,7 +17,7 @@
 #    train_warm.log).
 # 3. With TEST_SECONDS > 0 (default 0), the fast tests on 6 of the 16 cores beside step 2.
 # 4. With FIT_SECONDS > 0 (default 0), where train's step time goes: train_throughput.py on
-#    the fixed 520 x 48 batch, on train.py's real batches (train_on_batch) and through
+#    the fixed 520 x 48 batch, on train.py's real batches (the step fit calls) and through
 #    model.fit without and with train.py's callbacks (--fit-steps), and with FIT_TORCH=1
 #    PyTorch compiled at 520 x 48 (fit_overhead.json). 260 s did not reach its report on
 #    an H200 (2026-11-27, with PyTorch and 150 + 2 x 100 steps): give it 360 s or more.

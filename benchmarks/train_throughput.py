@@ -133,6 +133,15 @@ def build_keras_hub(config):
                        logits)
 
 
+STARTED = time.perf_counter()
+
+
+def progress(message):
+    """A line on stderr with the seconds since the start: a run stopped by a
+    timeout before its report still tells how far it got, and what each part took."""
+    print(f"[{time.perf_counter() - STARTED:.0f} s] {message}", file=sys.stderr, flush=True)
+
+
 def measure(implementations, config, precision, jit_compile, args, peaks, real=None):
     """Results for each implementation at one precision and XLA setting.
 
@@ -164,6 +173,8 @@ def measure(implementations, config, precision, jit_compile, args, peaks, real=N
             model.train_on_batch(inputs, targets)
         warmup_seconds[implementation] = time.perf_counter() - start
         models[implementation] = model
+        progress(f"{implementation}: {args.warmup_steps} first steps at {args.batch_size} x "
+                 f"{args.length} in {warmup_seconds[implementation]:.1f} s")
     keras.config.set_dtype_policy("float32")
     times = {implementation: [] for implementation in implementations}
     for _ in range(args.steps):
@@ -171,6 +182,7 @@ def measure(implementations, config, precision, jit_compile, args, peaks, real=N
             start = time.perf_counter()
             model.train_on_batch(inputs, targets)
             times[implementation].append(time.perf_counter() - start)
+    progress(f"{args.steps} timed steps each")
     results = []
     for implementation, model in models.items():
         seconds = float(np.median(times[implementation]))
@@ -195,10 +207,12 @@ def measure(implementations, config, precision, jit_compile, args, peaks, real=N
                 start = time.perf_counter()
                 training.compile_ahead(model, [real.example_batch(s) for s in real.shapes])
                 compile_seconds = round(time.perf_counter() - start, 2)
+                progress(f"{len(real.shapes)} real batch shapes compiled in {compile_seconds} s")
             result["real_batches"] = time_real_batches(
                 model, real, config, args, peaks, fixed_shape=(*shape, args.length),
                 fixed_tokens_per_second=args.batch_size * args.length / seconds)
             result["real_batches"]["compile_ahead_seconds"] = compile_seconds
+            progress(f"{args.real_steps} real-batch steps")
             if args.fit_steps:
                 result["real_batches"]["fit"] = time_fit(
                     model, real, args, result["real_batches"].get("target_tokens_per_second"))
@@ -209,25 +223,33 @@ def measure(implementations, config, precision, jit_compile, args, peaks, real=N
 def time_real_batches(model, batches, config, args, peaks, fixed_shape,
                       fixed_tokens_per_second):
     """`--real-steps` steps of `model` on `batches` (a `TrainingBatches`) from its
-    first step, each batch read before its step is timed.
+    first step, each called as `fit` calls it: the model's step function on an
+    iterator over the batches, whose shapes it does not know. (`train_on_batch`
+    hands it each batch's known shape, a step traced and compiled anew for each,
+    beside the ones `compile_ahead` and `fit` use: 7 more compilations of about
+    47 s each for the base model on an H200.)
 
     A step on a shape the model has not run yet (the fixed batch's counts as run)
-    is timed apart: it traces the step again (Keras relaxes the traced shapes after
-    a few); under XLA every shape was compiled before (`compile_ahead`, as train
-    does, its seconds in `compile_ahead_seconds`). The others are sustained
-    training: their tokens/s are the ones to compare with the fixed batch's.
+    is timed apart: without XLA it traces the step again (Keras relaxes the traced
+    shapes after a few); under XLA every shape was compiled before
+    (`compile_ahead`, as train does, its seconds in `compile_ahead_seconds`). The
+    others are sustained training: their tokens/s are the ones to compare with the
+    fixed batch's.
     """
     import numpy as np
 
     seen, shapes, new_shapes = {tuple(fixed_shape)}, {}, []
     sustained = {"steps": 0, "seconds": 0.0, "target_tokens": 0, "padded_target_tokens": 0,
                  "flops": 0}
-    iterator = batches.dataset(0).as_numpy_iterator()
+    dataset = batches.dataset(0)
+    steps = iter(model.distribute_strategy.experimental_distribute_dataset(dataset))
+    iterator = dataset.as_numpy_iterator()  # the same batches again, for their shapes
+    model.make_train_function()
     for _ in range(args.real_steps):
         inputs, targets = next(iterator)
         shape = (*inputs["encoder_inputs"].shape, targets.shape[1])  # (B, S, T)
         start = time.perf_counter()
-        model.train_on_batch(inputs, targets)
+        float(model.train_function(steps)["loss"])  # waits for the step's result
         seconds = time.perf_counter() - start
         key = "x".join(map(str, shape))
         shapes[key] = shapes.get(key, 0) + 1
@@ -269,15 +291,16 @@ def time_real_batches(model, batches, config, args, peaks, fixed_shape,
     return report
 
 
-def time_fit(model, batches, args, train_on_batch_tokens_per_second):
+def time_fit(model, batches, args, real_steps_tokens_per_second):
     """`model.fit` on the real batches, as train.py runs it, `--fit-steps` steps an
     epoch: without callbacks, then with train.py's callbacks (`training.run_callbacks`:
     NaN check, checkpoints, the clock, the progress line, TensorBoard, log.csv). Each
     timed epoch follows an untimed one over the same steps' shapes (their traces and
     compilations), and is timed from its first step to its last (a callback listed
     first; Keras waits for the device before the epoch ends), its checkpoint and dev
-    pass left out. Where this and `train_on_batch` differ, the time goes to `fit`'s
-    per-step work: callbacks that read each step's logs wait for the device."""
+    pass left out. Where this and the real-batch steps (`time_real_batches`) differ,
+    the time goes to `fit`'s per-step work: callbacks that read each step's logs
+    wait for the device."""
     import contextlib
     import tempfile
 
@@ -313,9 +336,9 @@ def time_fit(model, batches, args, train_on_batch_tokens_per_second):
             real = tokens / timer.seconds
             report[name] = {"seconds_per_step": round(timer.seconds / steps, 4),
                             "target_tokens_per_second": round(real, 1)}
-            if train_on_batch_tokens_per_second:
-                report[name]["over_train_on_batch"] = round(
-                    real / train_on_batch_tokens_per_second, 3)
+            progress(f"fit, {name}: 2 epochs of {steps} steps")
+            if real_steps_tokens_per_second:
+                report[name]["over_real_steps"] = round(real / real_steps_tokens_per_second, 3)
     return report
 
 
@@ -467,6 +490,7 @@ def main():
             path = f"{compute}/{'xla' if xla == 'on' else 'graph'}"
             if path not in peaks:
                 peaks[path] = tensorflow_peaks(device, compute, jit_compile=xla == "on")
+                progress(f"the {compute} matmul peak measured ({path})")
             for result in measure(args.implementations.split(","), config, precision,
                                   xla == "on", args, peaks[path], real):
                 results.append(result)
