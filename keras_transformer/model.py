@@ -14,6 +14,7 @@ from keras_transformer.layers import SharedEmbedding
 from keras_transformer.layers import SinusoidalPositionalEncoding
 from keras_transformer.layers import TransformerDecoderLayer
 from keras_transformer.layers import TransformerEncoderLayer
+from keras_transformer.layers.matmul import dense
 from keras_transformer.layers.matmul import transposed_copy
 from keras_transformer.token_ids import PAD_ID
 
@@ -127,7 +128,7 @@ class Transformer(MultiWorkerModel):
                             return_attention_scores=return_attention_scores)
 
     def decode(self, decoder_inputs, memory, *, return_attention_scores=False, training=None,
-               output_kernel=None, search_options=None):
+               output_kernel=None, output_bias=None, search_options=None):
         """The decoder (Sec. 3.1) over whole target prefixes: embeddings plus
         positions, the decoder stack (causal self-attention, attention over the
         encoder output, feed-forward), then logits over the shared embedding
@@ -146,6 +147,12 @@ class Transformer(MultiWorkerModel):
                 layout faster than the `(vocab_size, d_model)` table (see
                 benchmarks/decode_throughput.py), so a search reuses one copy
                 every step (`Translator` keeps one).
+            output_bias: optional `(vocab_size,)` zeros added to that product,
+                with `output_kernel`: oneDNN then runs the product as its fused
+                kernel, which keeps a 16-bit kernel packed for its instructions
+                from one step to the next, where a plain product packs all of
+                it again every step (`Translator` keeps one for a bfloat16 or
+                float16 model). The logits are the same.
             search_options: optional `SearchOptions`, for a search's steps
                 (`step_function(use_cache=False)`).
 
@@ -164,7 +171,7 @@ class Transformer(MultiWorkerModel):
                            for layer_cross_attention in cross_attention]
         logits, outputs = self._decoder_pass(
             decoder_inputs, 0, memory.get("encoder_outputs"), layer_arguments, training,
-            output_kernel)
+            output_kernel, output_bias)
         if return_attention_scores:
             return logits, [weights for weights, in outputs]
         return logits
@@ -230,7 +237,8 @@ class Transformer(MultiWorkerModel):
         `(B',)`, in that order (the K hypotheses of a source go with it)."""
         return decoder_cache.select_examples(cache, examples)
 
-    def decode_step(self, token_ids, cache, step, output_kernel=None, search_options=None):
+    def decode_step(self, token_ids, cache, step, output_kernel=None, output_bias=None,
+                    search_options=None):
         """Logits for the position after `step`, and the updated cache.
 
         Args:
@@ -239,7 +247,7 @@ class Transformer(MultiWorkerModel):
                 times it for a beam search over the sources' shared cache.
             cache: the dict from `initial_cache` or from the previous step.
             step: int scalar, the position of `token_ids`.
-            output_kernel: see `decode`.
+            output_kernel, output_bias: see `decode`.
             search_options: optional `SearchOptions` (`step_function` passes
                 the search's).
 
@@ -262,12 +270,13 @@ class Transformer(MultiWorkerModel):
                                                        cache["cross_attention"])
         ]
         logits, outputs = self._decoder_pass(token_ids, step, None, layer_arguments,
-                                             training=False, output_kernel=output_kernel)
+                                             training=False, output_kernel=output_kernel,
+                                             output_bias=output_bias)
         cache = dict(cache, self_attention=[self_attention for self_attention, _ in outputs])
         return logits[:, 0, :], cache  # (N, V)
 
     def step_function(self, use_cache=True, output_kernel=None, write_cache_in_place=False,
-                      transposed_kernels=False):
+                      transposed_kernels=False, output_bias=None):
         """The step function that `decoding.beam_search` and `greedy_search`
         search over: `step_fn(ids (N, T), step, cache) -> (logits (N, V), cache)`.
 
@@ -276,7 +285,7 @@ class Transformer(MultiWorkerModel):
         without it (the slow twin that tests and benchmarks compare with), each
         step re-runs the decoder on the whole prefix `ids[:, :step + 1]` over the
         cross-attention cache of `initial_cache(source)` (`decode`).
-        `output_kernel`: see `decode`.
+        `output_kernel`, `output_bias`: see `decode`.
 
         The steps run with `SearchOptions` made here, once per search: integer
         transposes (no gradients flow through the steps); with
@@ -299,11 +308,13 @@ class Transformer(MultiWorkerModel):
                                 transposed_kernels=self._transposed_kernels(transposed_kernels))
         if use_cache:
             def step_fn(ids, step, cache):
-                return self.decode_step(ids[:, step], cache, step, output_kernel, options)
+                return self.decode_step(ids[:, step], cache, step, output_kernel, output_bias,
+                                        options)
         else:
             def step_fn(ids, step, cache):
                 logits = self.decode(ids[:, : step + 1], cache, training=False,
-                                     output_kernel=output_kernel, search_options=options)
+                                     output_kernel=output_kernel, output_bias=output_bias,
+                                     search_options=options)
                 return logits[:, -1], cache  # (N, V)
         return step_fn
 
@@ -329,7 +340,7 @@ class Transformer(MultiWorkerModel):
         return dropout(x, training=training)
 
     def _decoder_pass(self, token_ids, start, encoder_outputs, layer_arguments, training=None,
-                      output_kernel=None):
+                      output_kernel=None, output_bias=None):
         """The one decoder pass, of `decode` and `decode_step` (Sec. 3.1): the
         target ids `(B, T)` at positions `start ..`, embedded, through every
         decoder layer, then the logits. `layer_arguments`: each decoder layer's
@@ -341,7 +352,7 @@ class Transformer(MultiWorkerModel):
             x = layer(x, encoder_outputs, training=training, **arguments)
             x, *layer_outputs = x if isinstance(x, tuple) else (x,)
             outputs.append(layer_outputs)
-        return self._logits(x, output_kernel), outputs  # (B, T, V)
+        return self._logits(x, output_kernel, output_bias), outputs  # (B, T, V)
 
     def _encode(self, encoder_inputs, padding_mask, training=None, return_attention_scores=False):
         x = self._embed(encoder_inputs, self.encoder_position, self.encoder_dropout,
@@ -356,11 +367,11 @@ class Transformer(MultiWorkerModel):
         x = x if self.encoder_norm is None else self.encoder_norm(x)
         return (x, weights) if return_attention_scores else x
 
-    def _logits(self, x, output_kernel=None):
+    def _logits(self, x, output_kernel=None, output_bias=None):
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        if output_kernel is not None:
-            return ops.cast(ops.matmul(x, ops.cast(output_kernel, x.dtype)), "float32")
+        if output_kernel is not None:  # a 2-D product, so that a bias fuses with it
+            return ops.cast(dense(x, output_kernel, output_bias), "float32")
         return self.embedding(x, reverse=True)  # (B, T, V) float32
 
     @property

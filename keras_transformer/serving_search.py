@@ -28,17 +28,19 @@ class BeamSearches:
         config: the translator's resolved `DecodingConfig`.
         output_kernel: the embedding transposed to `(d_model, V)`, a variable
             the translator keeps (and saves).
+        output_bias: None, or zeros `(V,)` for the logits' product, a variable
+            the translator keeps (`Transformer.decode`).
         shapes: the translator's `serving_shapes.RequestShapes`.
     """
 
-    def __init__(self, model, config, output_kernel, shapes):
+    def __init__(self, model, config, output_kernel, output_bias, shapes):
         self.model = model
         self.config = config
         self.shapes = shapes
         modes = {False, True} if shapes.xla_small_requests_only else {shapes.xla}
         # [graph, XLA] searches, one per beam size.
-        self.traced = [[self._traced(k, xla, output_kernel) for k in config.beam_sizes
-                        if xla in modes] for xla in (False, True)]
+        self.traced = [[self._traced(k, xla, output_kernel, output_bias)
+                        for k in config.beam_sizes if xla in modes] for xla in (False, True)]
 
     def __call__(self, tokens, beam_size, alpha, extra_length, no_repeat_ngram_size):
         """Beam search over ragged source tokens `(B, None)`.
@@ -96,7 +98,7 @@ class BeamSearches:
         most = 1 if xla else self.config.parallel_searches
         return side_by_side(search, source_ids, output_limits, most)
 
-    def _traced(self, beam_size, jit_compile, output_kernel):
+    def _traced(self, beam_size, jit_compile, output_kernel, output_bias):
         """The beam search for one K, a tf.function over padded source ids."""
         model, config = self.model, self.config
 
@@ -110,7 +112,8 @@ class BeamSearches:
                 return decoding.beam_search(
                     model.step_function(config.use_cache, output_kernel,
                                         write_cache_in_place=True,
-                                        transposed_kernels=config.transposed_kernels),
+                                        transposed_kernels=config.transposed_kernels,
+                                        output_bias=output_bias),
                     tf.fill([batch_size], BOS_ID),
                     cache,
                     vocab_size=model.config.vocab_size,

@@ -58,6 +58,26 @@ def test_reduced_scores_are_float32_and_close(model, tokenizer, float32_scores, 
     assert outputs["score"].dtype == tf.float32 and outputs["translation"].shape == (4,)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_the_searchs_logits_are_the_models(model, tokenizer, dtype):
+    """A search's step multiplies by the translator's transposed copy of the
+    embedding, in 16 bits plus its bias of zeros (which makes oneDNN fuse the
+    product): the logits are the plain decoder step's, to within one rounding of
+    the 16-bit product."""
+    reduced = model if dtype == "float32" else model.with_dtype(dtype)
+    translator = serving.Translator(reduced, tokenizer, beam_sizes=(4,))
+    assert (translator.output_bias is None) == (dtype == "float32")
+    source = tf.constant([[5, 9, 14, 3, 2], [7, 8, 2, 0, 0]])
+    cache = reduced.initial_cache(source, max_output_length=4)
+    ids = tf.constant([1, 1])
+    plain, _ = reduced.decode_step(ids, cache, 0)
+    searched, _ = reduced.decode_step(ids, cache, 0, translator.output_kernel,
+                                      translator.output_bias)
+    unit = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}[dtype]
+    np.testing.assert_allclose(searched, plain, rtol=0,
+                               atol=4 * unit * float(tf.reduce_max(tf.abs(plain))))
+
+
 def test_decoding_jit_compile_auto_follows_the_gpu():
     assert hardware.decoding_jit_compile("auto") == bool(tf.config.list_physical_devices("GPU"))
     assert hardware.decoding_jit_compile("on") and not hardware.decoding_jit_compile("off")
