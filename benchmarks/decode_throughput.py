@@ -16,7 +16,9 @@ length), so runs with random weights are comparable; `--forced-steps 0` uses
 the paper's settings (input length + 50, early stop).
 
 Reported per variant: seconds per batch (median of `--repeats` timed calls,
-after one untimed call that pays for tracing or XLA compilation), sentences/s,
+after one untimed call that pays for tracing or XLA compilation; the variants'
+and CTranslate2's timed calls take turns, so that a shared machine's changing
+load falls on all alike), sentences/s,
 generated tokens/s (tokens of the best hypotheses) and the first call's
 seconds. `cached_speedup` is uncached seconds over cached (graph) seconds.
 `profile` times the pieces of one decoding step in-process: the encoder and
@@ -140,18 +142,37 @@ def translator_for(model, args, variant):
     )
 
 
-def timed(call, repeats, batch_size, tokens_and_length):
-    """Times `call()` (a batch) once untimed and `repeats` times; `tokens_and_length`
-    reads (generated tokens, longest output) from its result."""
-    start = time.perf_counter()
-    outputs = call()
-    first_call = time.perf_counter() - start
-    seconds = []
-    for _ in range(repeats):
+class Engine:
+    """One way of translating the batch, to time: `call()` translates it, and
+    `tokens_and_length(outputs)` reads (generated tokens, longest output) from
+    what it returns; `repeats` timed calls."""
+
+    def __init__(self, call, tokens_and_length, repeats):
+        self.call, self.tokens_and_length, self.repeats = call, tokens_and_length, repeats
+
+
+def time_in_turns(engines, batch_size):
+    """Reports of `engines` (a dict of `Engine`s): each is called once untimed (its
+    tracing or loading), then their timed calls take turns (A, B, C, A, B, C, ...),
+    so that a shared machine's changing load falls on all of them alike and their
+    ratios hold within a run."""
+    first, outputs, seconds = {}, {}, {name: [] for name in engines}
+    for name, engine in engines.items():
         start = time.perf_counter()
-        outputs = call()
-        seconds.append(time.perf_counter() - start)
-    tokens, length = tokens_and_length(outputs)
+        outputs[name] = engine.call()
+        first[name] = time.perf_counter() - start
+    for turn in range(max(engine.repeats for engine in engines.values())):
+        for name, engine in engines.items():
+            if turn < engine.repeats:
+                start = time.perf_counter()
+                outputs[name] = engine.call()
+                seconds[name].append(time.perf_counter() - start)
+    return {name: timing_report(seconds[name], first[name], batch_size,
+                                *engine.tokens_and_length(outputs[name]))
+            for name, engine in engines.items()}
+
+
+def timing_report(seconds, first_call, batch_size, tokens, length):
     median = statistics.median(seconds)
     return {
         "seconds_per_batch": round(median, 3),
@@ -164,13 +185,13 @@ def timed(call, repeats, batch_size, tokens_and_length):
     }
 
 
-def time_ctranslate2(model, args, source_ids, directory, quantization):
+def ctranslate2_engines(model, args, source_ids, directory, quantization):
     """CTranslate2 on the same weights: sources as pieces of a made-up vocabulary
     (ids are all it sees), exactly `forced_steps` steps (min = max decoding length).
-    Timed in both of its thread layouts on this process's cores, as ours runs in
-    either: one translation over all cores (inter_threads 1), and one per core
-    (intra_threads 1) over shares of the batch; the faster is the result, both
-    are in "layouts"."""
+    An `Engine` for each of its thread layouts on this process's cores, as ours
+    runs in either: one translation over all cores (inter_threads 1), and one per
+    core (intra_threads 1) over shares of the batch (`ctranslate2_result` keeps
+    the faster)."""
     import ctranslate2
 
     from keras_transformer import ctranslate2_model
@@ -186,18 +207,30 @@ def time_ctranslate2(model, args, source_ids, directory, quantization):
     layouts = {"inter_threads 1": (1, cores, args.batch_size)}
     if cores > 1:
         layouts["intra_threads 1"] = (cores, 1, -(-args.batch_size // cores))
-    reports = {}
+    engines = {}
     for name, (inter, intra, batch) in layouts.items():
         translator = ctranslate2.Translator(path, device="cpu", inter_threads=inter,
                                             intra_threads=intra)
         options = dict(beam_size=args.beam_size, max_decoding_length=steps,
                        min_decoding_length=steps if args.forced_steps else 0,
                        max_batch_size=batch)
-        reports[name] = timed(lambda: translator.translate_batch(sources, **options),
-                              args.repeats, args.batch_size, lambda results: (
-                                  sum(len(result.hypotheses[0]) for result in results),
-                                  max(len(result.hypotheses[0]) for result in results)))
-        del translator
+        engines[f"ctranslate2_{quantization} {name}"] = Engine(
+            lambda translator=translator, options=options: translator.translate_batch(
+                sources, **options),
+            lambda results: (sum(len(result.hypotheses[0]) for result in results),
+                             max(len(result.hypotheses[0]) for result in results)),
+            args.repeats)
+    return engines
+
+
+def ctranslate2_result(reports, quantization):
+    """The faster layout's report of CTranslate2 `quantization`, from
+    `time_in_turns`' reports of `ctranslate2_engines`."""
+    import ctranslate2
+
+    prefix = f"ctranslate2_{quantization} "
+    reports = {name[len(prefix):]: report for name, report in reports.items()
+               if name.startswith(prefix)}
     fastest = min(reports, key=lambda name: reports[name]["seconds_per_batch"])
     return {**reports[fastest], "layout": fastest,
             "layouts": {name: report["seconds_per_batch"] for name, report in reports.items()},
@@ -220,8 +253,9 @@ def decode_flops(config, batch_size, source_length, beam_size, steps):
     return 2 * (encoder + cross_keys_values + steps * per_step)
 
 
-def time_export(model, args, variant, source_ids, directory):
-    """`variant` is graph, xla or uncached, with `-PRECISION` for a reduced export."""
+def export_engine(model, args, variant, source_ids, directory):
+    """`(Engine, export seconds)` of an export; `variant` is graph, xla or
+    uncached, with `-PRECISION` for a reduced export."""
     variant, _, precision = variant.partition("-")
     if precision:
         model = model.with_dtype(precision)
@@ -242,10 +276,10 @@ def time_export(model, args, variant, source_ids, directory):
         no_repeat_ngram_size=tf.constant(0),
     )
     repeats = args.uncached_repeats if variant == "uncached" else args.repeats
-    report = timed(lambda: {name: value.numpy() for name, value in translate(**inputs).items()},
-                   repeats, args.batch_size,
-                   lambda outputs: (int(np.sum(outputs["ids"] != 0)), outputs["ids"].shape[1]))
-    return {**report, "export_seconds": round(export_seconds, 2)}
+    engine = Engine(lambda: {name: value.numpy() for name, value in translate(**inputs).items()},
+                    lambda outputs: (int(np.sum(outputs["ids"] != 0)), outputs["ids"].shape[1]),
+                    repeats)
+    return engine, export_seconds
 
 
 def profile_step(model, args, source_ids):
@@ -378,8 +412,17 @@ def main(argv=None):
     }
     result["machine"]["matmul_peak_flops"] = {path: round(peak) for path, peak in peaks.items()}
     with tempfile.TemporaryDirectory() as directory:
+        engines, export_seconds = {}, {}
         for variant in variants:
-            result[variant] = time_export(model, args, variant, source_ids, directory)
+            engines[variant], export_seconds[variant] = export_engine(
+                model, args, variant, source_ids, directory)
+        quantizations = ("float32", "int8") if args.compare_ctranslate2 else ()
+        for quantization in quantizations:
+            engines.update(ctranslate2_engines(model, args, source_ids, directory, quantization))
+        reports = time_in_turns(engines, args.batch_size)
+        for variant in variants:
+            result[variant] = {**reports[variant],
+                               "export_seconds": round(export_seconds[variant], 2)}
             steps = result[variant]["output_length"] if not args.forced_steps else args.forced_steps
             flops = decode_flops(model.config, args.batch_size, args.source_length,
                                  args.beam_size, steps)
@@ -389,9 +432,9 @@ def main(argv=None):
             result[variant]["mfu"] = round(flops / result[variant]["seconds_per_batch"] / peak, 4)
             print(f"{variant}: {result[variant]}", file=sys.stderr)
         if args.compare_ctranslate2:
-            for quantization in ("float32", "int8"):
+            for quantization in quantizations:
                 name = f"ctranslate2_{quantization}"
-                result[name] = time_ctranslate2(model, args, source_ids, directory, quantization)
+                result[name] = ctranslate2_result(reports, quantization)
                 print(f"{name}: {result[name]}", file=sys.stderr)
             ours = {v: result[v]["seconds_per_batch"] for v in variants
                     if not v.startswith("uncached")}
