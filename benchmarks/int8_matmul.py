@@ -62,7 +62,12 @@ def decoder_step_products(d_model, d_ff, vocab_size, layers):
 def quantized_product(weights):
     """`(float32, onednn_int8, xla_int8, bfloat16)`: functions multiplying
     `[rows, inputs]` by `weights`, the middle two through int8 weights and
-    activations, the last in bfloat16 (activations cast on each call)."""
+    activations, the last in bfloat16 (activations cast on each call). Each adds
+    a bias, as a search's products do (the layers' own, and the output layer's
+    zeros, `serving.Translator.output_bias`): oneDNN then runs its fused kernel,
+    which keeps a packed kernel across calls, where a plain product packs it
+    again on every call (a 512 x 37000 bfloat16 product: 8.2 ms plain, 5.9 ms
+    with a bias, on a Zen 5 core)."""
     weights_scale = float(np.abs(weights).max()) / 127.0
     integers = np.clip(np.round(weights / weights_scale), -127, 127).astype(np.int32)
     kernel = tf.constant(weights)
@@ -70,9 +75,11 @@ def quantized_product(weights):
     column_sums = tf.constant(integers.sum(axis=0).astype(np.float32))
     weights_max = 127.0 * weights_scale
 
+    bias = tf.Variable(tf.zeros([weights.shape[1]]))  # a variable: a constant is folded away
+
     @tf.function
     def float32(x):
-        return tf.matmul(x, kernel)
+        return tf.matmul(x, kernel) + bias
 
     @tf.function
     def onednn_int8(x):
@@ -95,10 +102,12 @@ def quantized_product(weights):
         return tf.cast(product, tf.float32) * (scale * weights_scale)
 
     kernel_bfloat16 = tf.cast(kernel, tf.bfloat16)
+    bias_bfloat16 = tf.Variable(tf.zeros([weights.shape[1]], tf.bfloat16))
 
     @tf.function
     def bfloat16(x):
-        return tf.cast(tf.matmul(tf.cast(x, tf.bfloat16), kernel_bfloat16), tf.float32)
+        return tf.cast(tf.matmul(tf.cast(x, tf.bfloat16), kernel_bfloat16) + bias_bfloat16,
+                       tf.float32)
 
     return float32, onednn_int8, xla_int8, bfloat16
 
