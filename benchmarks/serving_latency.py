@@ -140,7 +140,7 @@ def load_model(args):
     return build_transformer(config), tokenizer, options
 
 
-def test_sentences(tokenizer, count, max_input_length=None):
+def bundled_test_sources(tokenizer, count, max_input_length=None):
     """The first `count` sources of the bundled test split (of at most
     `max_input_length` tokens, if given: no engine truncates them)."""
     sentences = []
@@ -331,7 +331,7 @@ def plot(report, path):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     model, tokenizer, options = load_model(args)
-    sentences = test_sentences(tokenizer, max(max(args.batch_sizes) * 2, CHECKED_SENTENCES),
+    sentences = bundled_test_sources(tokenizer, max(max(args.batch_sizes) * 2, CHECKED_SENTENCES),
                                args.max_input_length)
     config = model.config
     dims = (f"{config.num_layers}+{config.num_layers} layers, d_model {config.d_model}, "
