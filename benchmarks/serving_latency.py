@@ -331,8 +331,8 @@ def plot(report, path):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     model, tokenizer, options = load_model(args)
-    sentences = bundled_test_sources(tokenizer, max(max(args.batch_sizes) * 2, CHECKED_SENTENCES),
-                               args.max_input_length)
+    sentences = bundled_test_sources(
+        tokenizer, max(max(args.batch_sizes) * 2, CHECKED_SENTENCES), args.max_input_length)
     config = model.config
     dims = (f"{config.num_layers}+{config.num_layers} layers, d_model {config.d_model}, "
             f"vocabulary {config.vocab_size}")
