@@ -36,8 +36,20 @@ if [ ! -e /tmp/tfenv.sh ]; then  # not installed on this machine yet
     || { cat "$out/install.log"; exit 1; }
 fi
 if ls .whl/*.whl > /dev/null 2>&1; then  # only the tests and keras-hub's comparison need them
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site2 \
-    .whl/*.whl >> "$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
+  # Only the distributions the machine lacks: /tmp/site2 is on PYTHONPATH, ahead of its own.
+  missing=$(python3 - .whl/*.whl <<'PY'
+import importlib.metadata, re, sys
+for wheel in sys.argv[1:]:
+    name = re.sub(r"[-_.]+", "-", wheel.split("/")[-1].split("-")[0]).lower()
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        print(wheel)
+PY
+)
+  echo "wheels installed: $(echo $missing | wc -w) of $(ls .whl/*.whl | wc -l)" >> "$out/install.log"
+  [ -z "$missing" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --target /tmp/site2 $missing >> "$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
 fi
 . /tmp/tfenv.sh
 export PYTHONPATH=$PYTHONPATH:/tmp/site2 TF_FORCE_GPU_ALLOW_GROWTH=true PYTHONUNBUFFERED=1
