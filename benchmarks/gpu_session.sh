@@ -15,7 +15,8 @@
 # 2. benchmarks/gpu_training.py: the paper's recipe with `keras-transformer train`, cold and
 #    warm, and PyTorch compiled on the same card (gpu_training.json, train_cold.log,
 #    train_warm.log).
-# 3. With TEST_SECONDS > 0 (default 0), the fast tests on 6 of the 16 cores beside step 2.
+# 3. With TEST_SECONDS > 0 (default 0), the fast tests on 6 of the 16 cores beside step 2
+#    (on all 16 with COLD_SECONDS=0).
 # 4. With FIT_SECONDS > 0 (default 0), where train's step time goes: train_throughput.py on
 #    the fixed 520 x 48 batch, on train.py's real batches (the step fit calls) and through
 #    model.fit without and with train.py's callbacks (--fit-steps), and with FIT_TORCH=1
@@ -77,7 +78,11 @@ if [ "${STEP_SECONDS:-130}" -gt 0 ]; then  # STEP_SECONDS=0: straight to the tra
 fi
 
 if [ "${TEST_SECONDS:-0}" -gt 0 ]; then
-  (on_cores 10-15 timeout "$TEST_SECONDS" python3 -m pytest -q -m "not slow" -n 6 \
+  # -v: each result is logged as it comes, so a run cut short by the timeout still says
+  # which tests passed and failed. Alone (COLD_SECONDS=0), the tests get every core.
+  cores=10-15 workers=6
+  [ "${COLD_SECONDS:-170}" -gt 0 ] || cores=0-15 workers=12
+  (on_cores "$cores" timeout "$TEST_SECONDS" python3 -m pytest -v -m "not slow" -n "$workers" \
      -p no:cacheprovider --ignore=tests/test_ctranslate2.py > "$out/tests.log" 2>&1
    echo "pytest exit status $?" >> "$out/tests.log") &
 fi
@@ -105,7 +110,7 @@ print('fixed', r['seconds_per_step'], r['target_tokens_per_second'], r.get('spee
 print('real', real.get('compile_ahead_seconds'), real.get('target_tokens_per_second'),
       real.get('real_over_fixed'), real.get('fit'))" "$out/fit_overhead.json" 2>&1 | tail -4
 fi
-[ -e "$out/tests.log" ] && grep -E "passed|failed|error|exit status|^FAILED|^ERROR" "$out/tests.log" | tail -30
+[ -e "$out/tests.log" ] && grep -E "passed|failed|exit status| FAILED | ERROR |^FAILED|^ERROR" "$out/tests.log" | sort -u | tail -40
 [ -e "$out/gpu_training.json" ] && python3 - "$out/gpu_training.json" <<'PY'
 import json, sys
 try:

@@ -1,0 +1,267 @@
+"""What `MirroredStrategy`'s gradient all-reduce costs a training step, measured over
+logical devices carved from one GPU (or CPU), and the step of 8 GPUs projected from it.
+JSON on stdout, progress on stderr.
+
+    python benchmarks/allreduce.py                        # base model, 2 logical devices
+    python benchmarks/allreduce.py --model tiny --tokens-per-batch 2048 --steps 5
+
+In one process, TensorFlow's first GPU (else the CPU) split into `--replicas`
+logical devices:
+
+1. **The all-reduce alone**: per-replica tensors shaped like the model's trainable
+   variables (float32, as Keras's optimizer sums the gradients), summed with
+   `ReplicaContext.all_reduce` as `TensorFlowOptimizer` does, under the cross-device
+   reduction train.py's `--strategy mirrored` would use there (on logical GPUs of one
+   card `HierarchicalCopyAllReduce`: NCCL refuses two replicas on one GPU).
+2. **Training steps** on one global batch of `--tokens-per-batch` // `--length` rows
+   (random ids), each called as `fit` calls it (`model.train_function` on an iterator
+   over the distributed dataset), the timed steps of all setups taking turns: the
+   replicas; one device on the whole batch, without XLA (as the replicas run:
+   `hardware.resolve`) and with it; and one device on a replica's share of the batch
+   of `--project-gpus` GPUs.
+   On one card the replicas share its cores, so the replicas' step less one device's
+   on the same batch is what splitting the batch and reducing its gradients cost.
+3. **8 GPUs on paper**: a replica's step on its share of the batch (measured), plus
+   the measured all-reduce's time over the logical devices (its launches and
+   copies), plus a ring all-reduce of the gradient bytes over `--link-gb-s` (NVLink 4
+   on an H100 SXM: 450 GB/s each way, the datasheet's 900 GB/s in both): 2 (n - 1) /
+   n x bytes / bandwidth. The copies are counted twice (on the card and over the
+   links): an upper bound on the step.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.append(ROOT)
+
+from machine import cpu_flags  # noqa: E402
+from machine import tensorflow_device  # noqa: E402
+
+from keras_transformer.cli.common import use_xla_gpu_flags  # noqa: E402
+
+use_xla_gpu_flags()  # as train.py: XLA's GEMMs from cuBLAS on a GPU
+
+
+def progress(started, message):
+    print(f"[{time.perf_counter() - started:.0f} s] {message}", file=sys.stderr, flush=True)
+
+
+def gpu_memory_mb():
+    """The first GPU's memory in MiB from nvidia-smi, or None."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        return int(out.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def logical_devices(replicas, memory_mb):
+    """Splits the first GPU (else the CPU) into `replicas` logical devices; returns
+    their names and kind. Must run before TensorFlow starts its devices."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        memory_mb = memory_mb or int(0.85 * (gpu_memory_mb() or 16000) / replicas)
+        tf.config.set_logical_device_configuration(
+            gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=memory_mb)] * replicas)
+        return [f"/gpu:{i}" for i in range(replicas)], "gpu"
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+    return [f"/cpu:{i}" for i in range(replicas)], "cpu"
+
+
+def time_allreduce(strategy, shapes, repeats):
+    """Median seconds of one all-reduce (sum) of float32 tensors of `shapes`, one
+    set per replica, as Keras's optimizer sums gradients."""
+    import numpy as np
+    import tensorflow as tf
+
+    values = strategy.experimental_distribute_values_from_function(
+        lambda context: [tf.fill(shape, float(context.replica_id_in_sync_group + 1))
+                         for shape in shapes])
+
+    @tf.function
+    def reduce_all(values):
+        def per_replica(values):
+            summed = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, values)
+            # Every sum feeds the result, so none is pruned.
+            return tf.add_n([tf.reshape(value, [-1])[-1] for value in summed])
+
+        return strategy.experimental_local_results(strategy.run(per_replica, args=(values,)))
+
+    expected = len(shapes) * sum(range(1, strategy.num_replicas_in_sync + 1))
+    results = [float(x) for x in reduce_all(values)]  # traces; checks the sums
+    if any(abs(result - expected) > 1e-3 * expected for result in results):
+        raise AssertionError(f"all-reduce gave {results}, expected {expected} on each replica")
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        [float(x) for x in reduce_all(values)]
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+class Setup:
+    """A model under `strategy` with a step function over its batch, as `fit` runs it."""
+
+    def __init__(self, name, strategy, config, batch, precision, jit_compile):
+        import keras
+        import tensorflow as tf
+
+        import keras_transformer as kt
+
+        self.name, self.strategy = name, strategy
+        self.rows, self.length = batch[1].shape
+        keras.config.set_dtype_policy(precision)
+        with strategy.scope():
+            keras.utils.set_random_seed(0)
+            self.model = kt.build_transformer(config)
+            self.model.compile(optimizer=kt.transformer_optimizer(config.d_model),
+                               loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing),
+                               jit_compile=jit_compile)
+            # The optimizer's and metrics' variables, before the step is traced (as
+            # fit builds them: distributed.MultiWorkerModel._maybe_symbolic_build).
+            self.model._symbolic_build(data_batch=batch)
+        keras.config.set_dtype_policy("float32")
+        dataset = tf.data.Dataset.from_tensors(batch).repeat()
+        self.iterator = iter(strategy.experimental_distribute_dataset(dataset))
+        self.model.make_train_function()
+        self.times = []
+
+    def step(self):
+        start = time.perf_counter()
+        float(self.model.train_function(self.iterator)["loss"])  # waits for the step
+        return time.perf_counter() - start
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--model", default="base", help="a TransformerConfig preset")
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--tokens-per-batch", type=int, default=25000,
+                        help="the global batch, in source (and target) tokens")
+    parser.add_argument("--length", type=int, default=48)
+    parser.add_argument("--precision", default="mixed_bfloat16")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps of each setup")
+    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument("--reduce-repeats", type=int, default=30)
+    parser.add_argument("--project-gpus", type=int, default=8)
+    parser.add_argument("--link-gb-s", type=float, default=450.0,
+                        help="each GPU's link bandwidth each way, GB/s (NVLink 4: 450)")
+    parser.add_argument("--memory-mb", type=int, default=0,
+                        help="each logical GPU's memory (default: 85%% of the card's, shared)")
+    parser.add_argument("--no-xla", action="store_true",
+                        help="leave out the one device's XLA step (its compilation)")
+    args = parser.parse_args()
+    started = time.perf_counter()
+
+    import tensorflow as tf
+
+    devices, kind = logical_devices(args.replicas, args.memory_mb)
+    import numpy as np
+
+    import keras_transformer as kt
+
+    cross_device_ops = tf.distribute.HierarchicalCopyAllReduce() if kind == "gpu" else None
+    mirrored = tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
+    one = tf.distribute.OneDeviceStrategy(devices[0])
+    config = getattr(kt.TransformerConfig, args.model)(args.vocab_size)
+    rows = args.tokens_per_batch // args.length
+    rows -= rows % args.replicas
+    share = max(1, rows // args.project_gpus)
+    rng = np.random.RandomState(0)
+
+    def batch(rows):
+        ids = lambda: rng.randint(4, config.vocab_size, (rows, args.length)).astype("int32")  # noqa: E731
+        return {"encoder_inputs": ids(), "decoder_inputs": ids()}, ids()
+
+    with mirrored.scope():
+        shapes = [tuple(w.shape) for w in kt.build_transformer(config).trainable_weights]
+    gradient_bytes = 4 * sum(int(np.prod(shape)) for shape in shapes)
+    reduce_seconds = time_allreduce(mirrored, shapes, args.reduce_repeats)
+    progress(started, f"all-reduce of {len(shapes)} tensors, {gradient_bytes / 1e6:.0f} MB: "
+                      f"{reduce_seconds * 1e3:.2f} ms")
+
+    global_batch, share_batch = batch(rows), batch(share)
+    setups = [Setup(f"{args.replicas}_replicas", mirrored, config, global_batch,
+                    args.precision, False),
+              Setup("one_device", one, config, global_batch, args.precision, False),
+              Setup(f"one_device_{share}_rows", one, config, share_batch, args.precision, False)]
+    if not args.no_xla:
+        setups.append(Setup("one_device_xla", one, config, global_batch, args.precision, True))
+    for setup in setups:
+        first = sum(setup.step() for _ in range(args.warmup_steps))
+        setup.first_steps_seconds = round(first, 2)
+        progress(started, f"{setup.name}: {args.warmup_steps} first steps in {first:.1f} s")
+    for _ in range(args.steps):  # in turns: a shared machine's load falls on all alike
+        for setup in setups:
+            setup.times.append(setup.step())
+    progress(started, f"{args.steps} timed steps each")
+
+    step = {setup.name: float(np.median(setup.times)) for setup in setups}
+    results = {setup.name: {"rows": setup.rows, "length": setup.length,
+                            "first_steps_seconds": setup.first_steps_seconds,
+                            "seconds_per_step": round(step[setup.name], 5),
+                            "target_tokens_per_second": round(
+                                setup.rows * setup.length / step[setup.name], 1)}
+               for setup in setups}
+    n = args.project_gpus
+    ring_seconds = 2 * (n - 1) / n * gradient_bytes / (args.link_gb_s * 1e9)
+    replica_seconds = step[f"one_device_{share}_rows"]
+    projected = replica_seconds + reduce_seconds + ring_seconds
+    one_gpu = step["one_device_xla"] if "one_device_xla" in step else step["one_device"]
+    report = {
+        "benchmark": "allreduce",
+        "date": time.strftime("%Y-%m-%d"),
+        "device": tensorflow_device() if kind == "gpu" else {"cpu": cpu_flags()},
+        "versions": {"tensorflow": tf.__version__},
+        "logical_devices": devices,
+        "cross_device_ops": type(mirrored.extended._cross_device_ops
+                                 or mirrored.extended._inferred_cross_device_ops).__name__,
+        "model": args.model, "vocab_size": config.vocab_size, "precision": args.precision,
+        "global_batch": [rows, args.length],
+        "allreduce": {"tensors": len(shapes), "bytes": gradient_bytes,
+                      "seconds": round(reduce_seconds, 6),
+                      "gb_per_second": round(gradient_bytes / reduce_seconds / 1e9, 1)},
+        "steps": results,
+        # What splitting the batch over replicas and summing their gradients cost a
+        # step on one card, against one device on the same batch (both without XLA).
+        "replicas_over_one_device": round(
+            step[f"{args.replicas}_replicas"] / step["one_device"], 3),
+        "xla_speedup_one_device": (round(step["one_device"] / step["one_device_xla"], 3)
+                                   if "one_device_xla" in step else None),
+        "projection": {
+            "gpus": n,
+            "link_gb_per_second": args.link_gb_s,
+            "replica_rows": share,
+            "replica_step_seconds": round(replica_seconds, 5),
+            "measured_allreduce_seconds": round(reduce_seconds, 6),
+            "ring_allreduce_seconds": round(ring_seconds, 6),
+            "step_seconds": round(projected, 5),
+            "target_tokens_per_second": round(n * share * args.length / projected, 1),
+            # Against one GPU on the whole batch (with XLA where measured).
+            "speedup_over_one_gpu": round(one_gpu / projected, 2),
+            "allreduce_share_of_step": round((reduce_seconds + ring_seconds) / projected, 3),
+        },
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
