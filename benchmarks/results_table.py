@@ -27,13 +27,14 @@ FILE_NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})-(.+)\.json$")
 # The figures a row shows, by key, in this order, wherever they sit in the report
 # (dotted path shown); at most MAX_FIGURES of them.
 HEADLINE_FIELDS = (
+    "replicas_over_one_device", "speedup_over_one_gpu", "allreduce_share_of_step",
     "first_step_seconds", "sustained_target_tokens_per_second", "ours_over_torch",
     "mfu_bf16_datasheet", "first_steps_seconds", "bleu", "sacrebleu", "sentences_per_second", "seconds_per_batch", "seconds_per_step",
     "target_tokens_per_second", "tokens_per_second", "pairs_per_second", "mfu",
     "speedup_over_torch", "ratio", "p50_ms", "p95_ms",
     "graph_over_ctranslate2_float32", "best_ours_graph_over_ctranslate2_int8",
     "best_ours_graph-bfloat16_over_ctranslate2_int8", "step_speedup_bfloat16",
-    "step_speedup_onednn_int8", "step_speedup_xla_int8", "first_fit_seconds", "train_step_traces",
+    "step_speedup_onednn_int8", "step_speedup_xla_int8", "first_fit_seconds", "train_step_traces", "real_over_fixed", "over_real_steps",
 )
 MAX_FIGURES = 6
 CPU_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")

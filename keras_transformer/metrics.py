@@ -37,14 +37,21 @@ class _TokenMean(keras.metrics.Metric):
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class TokenAccuracy(_TokenMean):
-    """Share of non-padding target tokens whose arg-max prediction is right."""
+    """Share of non-padding target tokens to which the model gives its largest
+    logit (the arg-max prediction is right; where several tie for the largest,
+    the target among them counts as right)."""
 
     def __init__(self, padding_id=PAD_ID, name="token_accuracy", **kwargs):
         super().__init__(padding_id=padding_id, name=name, **kwargs)
 
     def token_values(self, y_true, y_pred):
-        return ops.equal(ops.cast(ops.argmax(y_pred, axis=-1), "int32"),
-                         ops.cast(y_true, "int32"))
+        # Right where the target's logit is the largest (a tie for the largest
+        # counts as right). Compared with the maximum rather than the arg-max:
+        # TensorFlow's ArgMax over the vocabulary took 17% of a small model's
+        # training step on a CPU, the maximum and a gather 1.4%.
+        target = ops.take_along_axis(
+            y_pred, ops.expand_dims(ops.cast(y_true, "int32"), -1), axis=-1)[..., 0]
+        return ops.greater_equal(target, ops.max(y_pred, axis=-1))
 
     def result(self):
         return ops.divide_no_nan(self.total, self.count)

@@ -54,6 +54,16 @@ def test_metrics_on_non_padding_tokens():
     np.testing.assert_allclose(float(perplexity.result()), np.exp(nll[REAL].mean()), rtol=1e-5)
 
 
+def test_accuracy_counts_a_target_tied_for_the_largest_logit_as_right():
+    logits = np.zeros((1, 3, 4), "float32")
+    logits[0, 0, [1, 2]] = 5.0  # target 2 ties with 1 for the largest: right
+    logits[0, 1, 3] = 5.0       # target 1, below the largest: wrong
+    logits[0, 2, 1] = 5.0       # target 1: right
+    accuracy = TokenAccuracy()
+    accuracy.update_state(np.array([[2, 1, 1]], "int32"), logits)
+    np.testing.assert_allclose(float(accuracy.result()), 2 / 3, rtol=1e-6)
+
+
 def test_target_tokens_counts_the_non_padding_tokens_of_each_epoch_apart():
     from keras_transformer import TargetTokens
     from keras_transformer import training
