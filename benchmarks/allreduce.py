@@ -16,17 +16,18 @@ logical devices:
 2. **Training steps** on one global batch of `--tokens-per-batch` // `--length` rows
    (random ids), each called as `fit` calls it (`model.train_function` on an iterator
    over the distributed dataset), the timed steps of all setups taking turns: the
-   replicas; one device on the whole batch, without XLA (as the replicas run:
-   `hardware.resolve`) and with it; and one device on a replica's share of the batch
-   of `--project-gpus` GPUs.
+   replicas; one device on the whole batch; and one device on a replica's share of the
+   batch of `--project-gpus` GPUs. `--xla on` (as train runs: on the replicas XLA
+   compiles each replica's step, `distributed.MultiWorkerModel.compile`), `off`, or
+   `both`.
    On one card the replicas share its cores, so the replicas' step less one device's
    on the same batch is what splitting the batch and reducing its gradients cost.
-3. **8 GPUs on paper**: a replica's step on its share of the batch (measured), plus
-   the measured all-reduce's time over the logical devices (its launches and
-   copies), plus a ring all-reduce of the gradient bytes over `--link-gb-s` (NVLink 4
-   on an H100 SXM: 450 GB/s each way, the datasheet's 900 GB/s in both): 2 (n - 1) /
-   n x bytes / bandwidth. The copies are counted twice (on the card and over the
-   links): an upper bound on the step.
+3. **8 GPUs on paper**: a replica's step on its share of the batch (measured, with
+   XLA unless `--xla off`), plus what the replicas' machinery added on the card (the
+   replicas' step less one device's on the same batch: the all-reduce and the update
+   as far as they do not overlap the arithmetic), plus a ring all-reduce of the
+   gradient bytes over `--link-gb-s` (NVLink 4 on an H100 SXM: 450 GB/s each way, the
+   datasheet's 900 GB/s in both): 2 (n - 1) / n x bytes / bandwidth.
 """
 
 import argparse
@@ -164,8 +165,9 @@ def main():
                         help="each GPU's link bandwidth each way, GB/s (NVLink 4: 450)")
     parser.add_argument("--memory-mb", type=int, default=0,
                         help="each logical GPU's memory (default: 85%% of the card's, shared)")
-    parser.add_argument("--no-xla", action="store_true",
-                        help="leave out the one device's XLA step (its compilation)")
+    parser.add_argument("--xla", choices=("on", "off", "both"), default="on",
+                        help="the steps with XLA (on the replicas, each replica's step "
+                             "compiled apart, as train does), without it, or both")
     args = parser.parse_args()
     started = time.perf_counter()
 
@@ -197,12 +199,14 @@ def main():
                       f"{reduce_seconds * 1e3:.2f} ms")
 
     global_batch, share_batch = batch(rows), batch(share)
-    setups = [Setup(f"{args.replicas}_replicas", mirrored, config, global_batch,
-                    args.precision, False),
-              Setup("one_device", one, config, global_batch, args.precision, False),
-              Setup(f"one_device_{share}_rows", one, config, share_batch, args.precision, False)]
-    if not args.no_xla:
-        setups.append(Setup("one_device_xla", one, config, global_batch, args.precision, True))
+    setups = []
+    for xla in {"on": [True], "off": [False], "both": [False, True]}[args.xla]:
+        suffix = "_xla" * xla
+        setups += [Setup(f"{args.replicas}_replicas{suffix}", mirrored, config, global_batch,
+                         args.precision, xla),
+                   Setup(f"one_device{suffix}", one, config, global_batch, args.precision, xla),
+                   Setup(f"one_device_{share}_rows{suffix}", one, config, share_batch,
+                         args.precision, xla)]
     for setup in setups:
         first = sum(setup.step() for _ in range(args.warmup_steps))
         setup.first_steps_seconds = round(first, 2)
@@ -221,9 +225,15 @@ def main():
                for setup in setups}
     n = args.project_gpus
     ring_seconds = 2 * (n - 1) / n * gradient_bytes / (args.link_gb_s * 1e9)
-    replica_seconds = step[f"one_device_{share}_rows"]
-    projected = replica_seconds + reduce_seconds + ring_seconds
-    one_gpu = step["one_device_xla"] if "one_device_xla" in step else step["one_device"]
+    suffix = "_xla" * (args.xla != "off")  # what train runs: XLA where measured
+    replica_seconds = step[f"one_device_{share}_rows{suffix}"]
+    # What the replicas' machinery adds to a step on one card: the all-reduce, the
+    # update outside XLA, the split; whatever of it overlaps the arithmetic is not
+    # counted.
+    overhead_seconds = max(0.0, step[f"{args.replicas}_replicas{suffix}"]
+                           - step[f"one_device{suffix}"])
+    projected = replica_seconds + overhead_seconds + ring_seconds
+    one_gpu = step[f"one_device{suffix}"]
     report = {
         "benchmark": "allreduce",
         "date": time.strftime("%Y-%m-%d"),
@@ -239,23 +249,27 @@ def main():
                       "gb_per_second": round(gradient_bytes / reduce_seconds / 1e9, 1)},
         "steps": results,
         # What splitting the batch over replicas and summing their gradients cost a
-        # step on one card, against one device on the same batch (both without XLA).
+        # step on one card, against one device on the same batch (XLA as measured).
         "replicas_over_one_device": round(
-            step[f"{args.replicas}_replicas"] / step["one_device"], 3),
+            step[f"{args.replicas}_replicas{suffix}"] / step[f"one_device{suffix}"], 3),
         "xla_speedup_one_device": (round(step["one_device"] / step["one_device_xla"], 3)
-                                   if "one_device_xla" in step else None),
+                                   if args.xla == "both" else None),
+        "xla_speedup_replicas": (
+            round(step[f"{args.replicas}_replicas"] / step[f"{args.replicas}_replicas_xla"], 3)
+            if args.xla == "both" else None),
         "projection": {
             "gpus": n,
             "link_gb_per_second": args.link_gb_s,
             "replica_rows": share,
             "replica_step_seconds": round(replica_seconds, 5),
-            "measured_allreduce_seconds": round(reduce_seconds, 6),
-            "ring_allreduce_seconds": round(ring_seconds, 6),
+            "replicas_overhead_seconds": round(overhead_seconds, 5),
+            "ring_allreduce_seconds": round(ring_seconds, 9),
             "step_seconds": round(projected, 5),
             "target_tokens_per_second": round(n * share * args.length / projected, 1),
-            # Against one GPU on the whole batch (with XLA where measured).
+            # Against one GPU on the whole batch (both with XLA where measured).
+            "xla": args.xla != "off",
             "speedup_over_one_gpu": round(one_gpu / projected, 2),
-            "allreduce_share_of_step": round((reduce_seconds + ring_seconds) / projected, 3),
+            "allreduce_share_of_step": round((overhead_seconds + ring_seconds) / projected, 3),
         },
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "seconds": round(time.perf_counter() - started, 1),

@@ -42,7 +42,8 @@ target tokens/s over the steps on shapes already seen (sustained), the distinct
 batch shapes, the time of each new shape's first step (under XLA every shape is
 compiled before, side by side, as train does: `compile_ahead_seconds`), the ratio of the
 sustained real-batch tokens/s to the fixed batch's, and with `--fit-steps N` the rates of
-`model.fit` over N real batches an epoch, without callbacks and with train.py's.
+`model.fit` over N real batches an epoch, without callbacks, with train.py's, and on a
+twin of the model made and compiled as train.py makes it (its strategy and metrics).
 """
 
 import argparse
@@ -215,7 +216,8 @@ def measure(implementations, config, precision, jit_compile, args, peaks, real=N
             progress(f"{args.real_steps} real-batch steps")
             if args.fit_steps:
                 result["real_batches"]["fit"] = time_fit(
-                    model, real, args, result["real_batches"].get("target_tokens_per_second"))
+                    model, real, args, result["real_batches"].get("target_tokens_per_second"),
+                    precision)
         results.append(result)
     return results
 
@@ -291,10 +293,14 @@ def time_real_batches(model, batches, config, args, peaks, fixed_shape,
     return report
 
 
-def time_fit(model, batches, args, real_steps_tokens_per_second):
+def time_fit(model, batches, args, real_steps_tokens_per_second, precision):
     """`model.fit` on the real batches, as train.py runs it, `--fit-steps` steps an
     epoch: without callbacks, then with train.py's callbacks (`training.run_callbacks`:
-    NaN check, checkpoints, the clock, the progress line, TensorBoard, log.csv). Each
+    NaN check, checkpoints, the clock, the progress line, TensorBoard, log.csv), then
+    (`as_train`) with those callbacks on a twin of the model with its weights, made as
+    train makes its model: under train's strategy (`distributed.make_strategy("auto")`:
+    `OneDeviceStrategy` on a GPU), compiled by `training.compile_for_training` (train's
+    metrics: token accuracy, perplexity, target tokens), its shapes compiled ahead. Each
     timed epoch follows an untimed one over the same steps' shapes (their traces and
     compilations), and is timed from its first step to its last (a callback listed
     first; Keras waits for the device before the epoch ends), its checkpoint and dev
@@ -317,6 +323,7 @@ def time_fit(model, batches, args, real_steps_tokens_per_second):
 
         def on_epoch_end(self, epoch, logs=None):
             self.seconds = time.perf_counter() - self.start
+            self.logs = dict(logs or {})
 
     steps = args.fit_steps
     start_step = args.real_steps  # past the batches time_real_batches read
@@ -329,17 +336,47 @@ def time_fit(model, batches, args, real_steps_tokens_per_second):
         with contextlib.redirect_stdout(sys.stderr):  # the progress line: stdout is the JSON
             run_callbacks = training.run_callbacks(
                 os.path.join(directory, "run"), config, budget.TrainingClock())
-        for name, callbacks in (("no_callbacks", []), ("train_callbacks", run_callbacks)):
+        for name, callbacks in (("no_callbacks", []), ("train_callbacks", run_callbacks),
+                                ("as_train", run_callbacks)):
+            if name == "as_train":
+                model = train_twin(model, batches, precision)
             timer = EpochTimer()
             model.fit(batches.dataset(start_step), steps_per_epoch=steps, epochs=2,
                       callbacks=[timer, *callbacks], shuffle=False, verbose=0)
             real = tokens / timer.seconds
             report[name] = {"seconds_per_step": round(timer.seconds / steps, 4),
                             "target_tokens_per_second": round(real, 1)}
+            if name == "as_train":  # what the twin is
+                report[name]["strategy"] = type(model.distribute_strategy).__name__
+                report[name]["logs"] = sorted(timer.logs)
             progress(f"fit, {name}: 2 epochs of {steps} steps")
             if real_steps_tokens_per_second:
                 report[name]["over_real_steps"] = round(real / real_steps_tokens_per_second, 3)
     return report
+
+
+def train_twin(model, batches, precision):
+    """A model with `model`'s weights, made and compiled as train makes and compiles
+    its own, every batch shape compiled ahead under XLA (`time_fit`)."""
+    import keras
+
+    import keras_transformer as kt
+    from keras_transformer import distributed
+    from keras_transformer import training
+
+    strategy = distributed.make_strategy("auto")
+    keras.config.set_dtype_policy(precision)
+    with strategy.scope():
+        twin = kt.build_transformer(model.config)
+        twin.set_weights(model.get_weights())
+        training.compile_for_training(twin, jit_compile=model.jit_compile)
+    keras.config.set_dtype_policy("float32")
+    if model.jit_compile:
+        start = time.perf_counter()
+        training.compile_ahead(twin, [batches.example_batch(s) for s in batches.shapes])
+        progress(f"as train: {len(batches.shapes)} shapes compiled in "
+                 f"{time.perf_counter() - start:.1f} s")
+    return twin
 
 
 def load_real_batches(corpus, tokens_per_batch, args):

@@ -9,6 +9,8 @@ import keras
 import tensorflow as tf
 
 from keras_transformer.config import STRATEGIES
+from keras_transformer.losses import LabelSmoothedCrossEntropy
+from keras_transformer.losses import global_sum
 
 
 def make_strategy(name="auto", tpu=""):
@@ -106,11 +108,44 @@ def require_same_on_all_workers(strategy, value, what):
                          "every worker shares")
 
 
+def spans_devices(strategy):
+    """Whether `strategy`'s replicas are on several devices that one XLA program
+    cannot span: MirroredStrategy over several GPUs, multi-worker; not TPUs, whose
+    strategy compiles its replicas itself."""
+    return strategy.num_replicas_in_sync > 1 and not isinstance(strategy, tf.distribute.TPUStrategy)
+
+
 class MultiWorkerModel(keras.Model):
     """A `keras.Model` whose `fit` and `evaluate` also run under a
     `MultiWorkerMirroredStrategy` spanning several workers (Keras 3.x fails there
-    on dict inputs and on scalar logs; see the two methods), and on one device
-    trace the training step once (see `_maybe_symbolic_build`)."""
+    on dict inputs and on scalar logs; see the two methods), on one device
+    trace the training step once (see `_maybe_symbolic_build`), and with XLA on
+    several devices compile each replica's step (see `compile`)."""
+
+    replica_jit_compile = False
+
+    def compile(self, *args, jit_compile="auto", **kwargs):
+        """`keras.Model.compile`. With `jit_compile=True` under a strategy whose
+        replicas span several devices (`spans_devices`), XLA compiles each
+        replica's forward and backward pass (`replica_jit_compile` is then true
+        and `jit_compile` false), and the all-reduces (the loss's token count, the
+        gradients) and the optimizer's update run outside it: Keras alone would
+        compile the step of all replicas as one program, which cannot reach the
+        weights kept on the other devices ("Trying to access resource ...
+        located in device GPU:1 from device GPU:0"). The loss must then be a
+        `LabelSmoothedCrossEntropy`, which takes the global token count from
+        outside the program."""
+        self.replica_jit_compile = jit_compile is True and spans_devices(self.distribute_strategy)
+        if self.replica_jit_compile:
+            loss = kwargs.get("loss", args[1] if len(args) > 1 else None)
+            if not isinstance(loss, LabelSmoothedCrossEntropy):
+                raise ValueError(
+                    "jit_compile=True on several devices compiles each replica's step, which "
+                    "needs keras_transformer's LabelSmoothedCrossEntropy loss. Received: "
+                    f"loss={loss!r}; use jit_compile=False for another loss.")
+            jit_compile = False
+        super().compile(*args, jit_compile=jit_compile, **kwargs)
+        self._replica_steps = {}
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Before the first step, Keras 3 (TensorFlow trainer) learns the batch's
@@ -145,10 +180,60 @@ class MultiWorkerModel(keras.Model):
             self._symbolic_build(data_batch=data_batch)
 
     def train_step(self, data):
-        return self._before_multi_worker_reduction(super().train_step(data))
+        if not self.replica_jit_compile:
+            return self._before_multi_worker_reduction(super().train_step(data))
+        # Keras's train_step, with the forward and backward pass compiled by XLA on
+        # this replica and the global token count handed in.
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        token_count = global_sum(self.loss.token_count(y))
+        loss, y_pred, gradients = self._replica_step("train")(x, y, sample_weight, token_count)
+        self._track_loss(loss, x)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_weights))
+        return self._before_multi_worker_reduction(
+            self.compute_metrics(x, y, y_pred, sample_weight=sample_weight))
 
     def test_step(self, data):
-        return self._before_multi_worker_reduction(super().test_step(data))
+        if not self.replica_jit_compile:
+            return self._before_multi_worker_reduction(super().test_step(data))
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        token_count = global_sum(self.loss.token_count(y))
+        loss, y_pred = self._replica_step("test")(x, y, sample_weight, token_count)
+        self._track_loss(loss, x)
+        return self._before_multi_worker_reduction(
+            self.compute_metrics(x, y, y_pred, sample_weight=sample_weight))
+
+    def _replica_step(self, kind):
+        """This replica's XLA-compiled "train" (loss, logits, gradients) or "test"
+        (loss, logits) pass; traced once for each replica's device."""
+        if kind not in self._replica_steps:
+            self._replica_steps[kind] = tf.function(
+                self._replica_train if kind == "train" else self._replica_test,
+                jit_compile=True, reduce_retracing=True)
+        return self._replica_steps[kind]
+
+    def _replica_loss(self, x, y, y_pred, sample_weight, token_count):
+        loss = self.loss.over_tokens(y, y_pred, sample_weight, token_count)
+        if self.losses:  # as Keras adds them: scaled by the replicas (the sum of N)
+            loss += tf.add_n(self.losses) / self.distribute_strategy.num_replicas_in_sync
+        return loss
+
+    def _replica_train(self, x, y, sample_weight, token_count):
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self._replica_loss(x, y, y_pred, sample_weight, token_count)
+            scaled = self.optimizer.scale_loss(loss)  # mixed_float16's loss scale
+        return loss, y_pred, tape.gradient(scaled, self.trainable_weights)
+
+    def _replica_test(self, x, y, sample_weight, token_count):
+        y_pred = self(x, training=False)
+        return self._replica_loss(x, y, y_pred, sample_weight, token_count), y_pred
+
+    def _track_loss(self, loss, x):
+        # As Keras's steps log it: each replica's share times the replicas
+        # (unscale_loss_for_distribution), weighed by its rows.
+        self._loss_tracker.update_state(
+            loss * self.distribute_strategy.num_replicas_in_sync,
+            sample_weight=tf.shape(tf.nest.flatten(x)[0])[0])
 
     def _before_multi_worker_reduction(self, logs):
         # Across workers Keras 3 averages each step's logs with

@@ -242,23 +242,12 @@ def resolve(config, device):
     """`config` with its `auto` settings chosen for `device`, and a line for
     people saying what was chosen and why."""
     accelerator = device.kind in ("gpu", "tpu")
-    # Keras compiles the step of all replicas as one XLA program, and XLA cannot
-    # reach the variables of the replicas on other devices ("Trying to access
-    # resource ... located in device GPU:1 from device GPU:0"); a TPU's own
-    # strategy compiles its replicas itself.
-    spans_devices = device.kind != "tpu" and device.count > 1
     jit_compile = config.jit_compile
-    if jit_compile == "on" and spans_devices:
-        raise ValueError(
-            f"--jit-compile on cannot train on {device.describe()}: Keras compiles one "
-            "XLA program for all replicas, and XLA cannot reach the weights kept on the "
-            "other devices. Use --jit-compile off (or auto) with several devices, or one "
-            "device (--strategy one_device) with XLA.")
-    if jit_compile == AUTO:
-        jit_compile = "on" if accelerator and not spans_devices else "off"
+    if jit_compile == AUTO:  # on several GPUs, XLA compiles each replica's step apart
+        jit_compile = "on" if accelerator else "off"  # (distributed.MultiWorkerModel.compile)
     precision, why = config.precision, ""
-    if spans_devices and config.jit_compile == AUTO:
-        why = "XLA compiles one device's step, not a step spread over several"
+    if device.kind == "gpu" and device.count > 1 and jit_compile == "on":
+        why = "XLA compiles each GPU's step; the all-reduce and the update run outside it"
     if precision == AUTO:
         if device.has_bfloat16 and (accelerator or jit_compile == "off"):
             precision = "mixed_bfloat16"  # XLA:CPU multiplies bfloat16 slower than float32

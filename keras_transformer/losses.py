@@ -94,9 +94,20 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         return token_cross_entropy(y_true, y_pred, self.label_smoothing)
 
     def __call__(self, y_true, y_pred, sample_weight=None):
+        return self.over_tokens(y_true, y_pred, sample_weight,
+                                global_sum(self.token_count(y_true)))
+
+    def token_count(self, y_true):
+        """The non-padding tokens of `y_true` (this replica's), as a float32 scalar."""
+        return ops.sum(ops.cast(ops.not_equal(y_true, self.padding_id), "float32"))
+
+    def over_tokens(self, y_true, y_pred, sample_weight, token_count):
+        """The (weighted) token-loss sum of `y_true` over `token_count`: the loss,
+        given the global batch's token count, so that a step compiled with XLA
+        on each replica (`distributed.MultiWorkerModel`) can take the all-reduce
+        that counts them from outside its program."""
         losses = self.call(y_true, y_pred)  # (B, T)
         real = ops.cast(ops.not_equal(y_true, self.padding_id), "float32")
-        token_count = global_sum(ops.sum(real))
         if sample_weight is not None:
             losses = losses * ops.cast(sample_weight, "float32")
         return ops.sum(losses * real) / ops.maximum(token_count, 1.0)

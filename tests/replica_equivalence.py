@@ -14,6 +14,9 @@ starts):
         carved from the first GPU with hierarchical-copy all-reduce (NCCL refuses
         two replicas on one GPU: "invalid usage", seen on an H200); the one device
         is the first GPU, TF32 off.
+Any of them with a last argument `--xla`: both models compiled with
+jit_compile=True (on the strategy, XLA compiles each replica's step:
+`distributed.MultiWorkerModel.compile`).
 """
 
 import json
@@ -52,7 +55,7 @@ def make_strategy(mode, args):
     return tf.distribute.MultiWorkerMirroredStrategy()
 
 
-def main(mode, args):
+def main(mode, args, xla=False):
     # The strategy first: collectives must be configured before any other op runs.
     strategy = make_strategy(mode, args)
     import keras
@@ -88,12 +91,13 @@ def main(mode, args):
             model.compile(
                 optimizer=keras.optimizers.SGD(kt.TransformerSchedule(32, 10, scale=50.0)),
                 loss=kt.LabelSmoothedCrossEntropy(),
+                jit_compile=xla,
             )
         history = model.fit(batches, epochs=1, verbose=0)
-        return model.get_weights(), history.history["loss"][-1]
+        return model.get_weights(), history.history["loss"][-1], model
 
-    distributed, distributed_loss = train(strategy)
-    one, one_loss = train(tf.distribute.OneDeviceStrategy(
+    distributed, distributed_loss, model = train(strategy)
+    one, one_loss, _ = train(tf.distribute.OneDeviceStrategy(
         "/gpu:0" if mode == "mirrored_gpu" else "/cpu:0"))
     num_replicas = strategy.num_replicas_in_sync
     # Tokens each replica sees in each global batch: Keras's own per-replica mean
@@ -107,8 +111,12 @@ def main(mode, args):
         "tokens_per_replica": shard_tokens.tolist(),
         # The epoch's mean loss as fit logs it: one device's, and the strategy's.
         "loss": [one_loss, distributed_loss],
+        # How the strategy's step was compiled: by replica with --xla.
+        "replica_jit_compile": model.replica_jit_compile,
+        "jit_compile": model.jit_compile,
     }))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    arguments = [argument for argument in sys.argv[2:] if argument != "--xla"]
+    main(sys.argv[1], arguments, xla="--xla" in sys.argv[2:])

@@ -320,3 +320,42 @@ def test_gpu_training_reads_the_runs_as_their_logs_say(tmp_path):
     assert [(item["loss"], item["val_loss"]) for item in report["intervals"]["cold"]] == [
         (round(float(row["loss"]), 4), round(float(row["val_loss"]), 4)) for row in rows]
     assert report["sustained_target_tokens_per_second"] == statistics.median(rates[1:])
+
+
+@pytest.mark.slow
+def test_allreduce_times_the_replicas_against_one_device():
+    """benchmarks/allreduce.py over 2 logical CPUs, the tiny model, steps with XLA
+    (each replica's compiled apart) and without; its projection adds up."""
+    import keras_transformer as kt
+
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "allreduce.py"),
+               "--model", "tiny", "--vocab-size", "300", "--tokens-per-batch", "512",
+               "--length", "16", "--precision", "float32", "--steps", "2",
+               "--reduce-repeats", "3", "--xla", "both"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900,
+                            env=dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    parameters = kt.build_transformer(kt.TransformerConfig.tiny(300)).count_params()
+    assert report["allreduce"]["bytes"] == 4 * parameters  # float32 gradients
+    assert report["global_batch"] == [32, 16] and report["logical_devices"] == ["/cpu:0", "/cpu:1"]
+    steps = report["steps"]
+    assert set(steps) == {f"{name}{xla}" for name in ("2_replicas", "one_device", "one_device_4_rows")
+                          for xla in ("", "_xla")}
+    for name, step in steps.items():
+        assert step["target_tokens_per_second"] == pytest.approx(
+            step["rows"] * 16 / step["seconds_per_step"], rel=1e-3)
+    assert report["replicas_over_one_device"] == pytest.approx(
+        steps["2_replicas_xla"]["seconds_per_step"] / steps["one_device_xla"]["seconds_per_step"],
+        rel=1e-2)
+    projection = report["projection"]
+    assert projection["replica_step_seconds"] == steps["one_device_4_rows_xla"]["seconds_per_step"]
+    assert projection["replicas_overhead_seconds"] == pytest.approx(max(0.0, (
+        steps["2_replicas_xla"]["seconds_per_step"] - steps["one_device_xla"]["seconds_per_step"])),
+        abs=2e-5)
+    assert projection["step_seconds"] == pytest.approx(
+        projection["replica_step_seconds"] + projection["replicas_overhead_seconds"]
+        + projection["ring_allreduce_seconds"], abs=2e-5)
+    # A ring over 8 GPUs moves 2 x 7/8 of the gradient bytes over each link.
+    assert projection["ring_allreduce_seconds"] == pytest.approx(
+        1.75 * 4 * parameters / 450e9, rel=1e-2)

@@ -39,14 +39,19 @@ def test_strategy_choices():
 
 
 @pytest.mark.slow
-def test_mirrored_replicas_equal_one_device():
-    """8 logical CPU replicas make the same two updates as one device (separate
-    process: logical devices must be configured before TensorFlow starts)."""
+@pytest.mark.parametrize("replicas, xla", [(8, False), (2, True)], ids=["8", "2-xla"])
+def test_mirrored_replicas_equal_one_device(replicas, xla):
+    """Logical CPU replicas make the same two updates as one device (separate
+    process: logical devices must be configured before TensorFlow starts); with
+    XLA, each replica's step compiled apart (Keras's one program for all of them
+    fails: "Trying to access resource ... located in device CPU:1")."""
     output = subprocess.run(
-        [sys.executable, SCRIPT, "mirrored", "8"],
+        [sys.executable, SCRIPT, "mirrored", str(replicas), *["--xla"] * xla],
         capture_output=True, text=True, env=ENV, check=True, timeout=600,
     ).stdout
-    check_equal_to_one_device(last_json_line(output), num_replicas=8)
+    report = last_json_line(output)
+    check_equal_to_one_device(report, num_replicas=replicas)
+    assert report["replica_jit_compile"] == xla and report["jit_compile"] is False
 
 
 def free_ports(count):
@@ -60,12 +65,15 @@ def free_ports(count):
 
 
 @pytest.mark.slow
-def test_multi_worker_equals_one_device():
+@pytest.mark.parametrize("xla", [False, True], ids=["", "xla"])
+def test_multi_worker_equals_one_device(xla):
     """Two worker processes on localhost (MultiWorkerMirroredStrategy from
-    TF_CONFIG) make the same two updates and log the same loss as one device."""
+    TF_CONFIG) make the same two updates and log the same loss as one device
+    (with XLA, each replica's step compiled apart)."""
     workers = ",".join(f"localhost:{port}" for port in free_ports(2))
     processes = [
-        subprocess.Popen([sys.executable, SCRIPT, "multi_worker", str(index), workers],
+        subprocess.Popen([sys.executable, SCRIPT, "multi_worker", str(index), workers,
+                          *["--xla"] * xla],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
         for index in range(2)
     ]
@@ -76,4 +84,6 @@ def test_multi_worker_equals_one_device():
             process.kill()
     for process, (stdout, stderr) in zip(processes, outputs):
         assert process.returncode == 0, stderr[-3000:]
-        check_equal_to_one_device(last_json_line(stdout), num_replicas=2)
+        report = last_json_line(stdout)
+        check_equal_to_one_device(report, num_replicas=2)
+        assert report["replica_jit_compile"] == xla

@@ -94,13 +94,18 @@ needs_two_gpus = pytest.mark.skipif(len(tf.config.list_physical_devices("GPU")) 
 @needs_gpu
 @pytest.mark.parametrize("all_reduce", [pytest.param("nccl", marks=needs_two_gpus),
                                         "hierarchical"])
-def test_mirrored_over_two_gpus_equals_one_gpu(all_reduce):
+@pytest.mark.parametrize("xla", [False, True], ids=["", "xla"])
+def test_mirrored_over_two_gpus_equals_one_gpu(all_reduce, xla):
+    """With XLA, each replica's step is compiled apart (MultiWorkerModel.compile)."""
     from tests.test_distributed import ENV
     from tests.test_distributed import SCRIPT
     from tests.test_distributed import check_equal_to_one_device
     from tests.test_distributed import last_json_line
 
-    result = subprocess.run([sys.executable, SCRIPT, "mirrored_gpu", "2", all_reduce],
-                            capture_output=True, text=True, env=ENV, timeout=600)
+    result = subprocess.run(
+        [sys.executable, SCRIPT, "mirrored_gpu", "2", all_reduce, *["--xla"] * xla],
+        capture_output=True, text=True, env=ENV, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    check_equal_to_one_device(last_json_line(result.stdout), num_replicas=2)
+    report = last_json_line(result.stdout)
+    check_equal_to_one_device(report, num_replicas=2)
+    assert report["replica_jit_compile"] == xla

@@ -38,8 +38,8 @@ def chosen(device, **fields):
 
 @pytest.mark.parametrize("device, expected", [
     (H100, ("mixed_bfloat16", "on", hardware.ACCELERATOR_LENGTH_BUCKETS)),
-    # one XLA program cannot span replicas on several devices (hardware.resolve)
-    (EIGHT_H100, ("mixed_bfloat16", "off", hardware.ACCELERATOR_LENGTH_BUCKETS)),
+    # each replica's step compiled apart (distributed.MultiWorkerModel.compile)
+    (EIGHT_H100, ("mixed_bfloat16", "on", hardware.ACCELERATOR_LENGTH_BUCKETS)),
     (V100, ("mixed_float16", "on", hardware.ACCELERATOR_LENGTH_BUCKETS)),
     (TPU, ("mixed_bfloat16", "on", hardware.ACCELERATOR_LENGTH_BUCKETS)),
     (AMX, ("mixed_bfloat16", "off", 0)),   # oneDNN's bfloat16 matmuls; fine buckets
@@ -58,20 +58,13 @@ def test_explicit_settings_are_kept():
     assert chosen(AVX2, length_buckets=6)[0] == ("float32", "off", 6)
 
 
-def test_xla_on_several_gpus_is_refused_with_what_to_do():
-    with pytest.raises(ValueError, match=r"--jit-compile on cannot train on 8 GPUs .*"
-                                         r"--jit-compile off \(or auto\) with several devices"):
-        chosen(EIGHT_H100, jit_compile="on")
-    assert chosen(TPU, jit_compile="on")[0][1] == "on"  # TPUStrategy compiles its replicas
-
-
 def test_the_line_says_what_auto_chose():
     assert chosen(H100)[1] == ("Training on 1 GPU (NVIDIA H100 80GB HBM3, compute 9.0): "
                                "--precision mixed_bfloat16, --jit-compile on (auto)")
     assert chosen(EIGHT_H100)[1] == (
         "Training on 8 GPUs (NVIDIA H100 80GB HBM3, compute 9.0): --precision mixed_bfloat16, "
-        "--jit-compile off (auto; XLA compiles one device's step, not a step spread over "
-        "several)")
+        "--jit-compile on (auto; XLA compiles each GPU's step; the all-reduce and the update "
+        "run outside it)")
     assert chosen(AVX2, precision="float32")[1] == (
         "Training on CPU (AMD EPYC, 2 cores, avx2): --jit-compile off (auto)")
     assert chosen(AVX2)[1] == (

@@ -296,10 +296,14 @@ def test_train_throughput_real_batches():
     assert real["real_over_fixed"] == pytest.approx(
         real["target_tokens_per_second"] / result["target_tokens_per_second"], rel=0.01)
     assert 0 < real["mfu"] < 1
-    # model.fit over 4 more real batches, without callbacks and with train.py's.
+    # model.fit over 4 more real batches, without callbacks and with train.py's, and
+    # on a twin made as train makes its model (its metrics, its strategy).
     fit = real["fit"]
     assert fit["steps"] == 4 and 0 < fit["target_tokens"] <= 4 * 256
-    for name in ("no_callbacks", "train_callbacks"):
+    assert {"token_accuracy", "perplexity", "target_tokens"} <= set(fit["as_train"]["logs"])
+    assert "token_accuracy" not in fit["train_callbacks"].get("logs", [])
+    assert fit["as_train"]["strategy"] == "_DefaultDistributionStrategy"  # a CPU: no strategy
+    for name in ("no_callbacks", "train_callbacks", "as_train"):
         timed = fit[name]
         assert timed["target_tokens_per_second"] == pytest.approx(
             fit["target_tokens"] / (4 * timed["seconds_per_step"]), rel=0.02)
