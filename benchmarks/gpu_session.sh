@@ -20,8 +20,12 @@
 # 4. With FIT_SECONDS > 0 (default 0), where train's step time goes: train_throughput.py on
 #    the fixed 520 x 48 batch, on train.py's real batches (the step fit calls) and through
 #    model.fit without and with train.py's callbacks (--fit-steps), and with FIT_TORCH=1
-#    PyTorch compiled at 520 x 48 (fit_overhead.json). 260 s did not reach its report on
-#    an H200 (2026-11-27, with PyTorch and 150 + 2 x 100 steps): give it 360 s or more.
+#    PyTorch compiled at 520 x 48 (fit_overhead.json). It took 129 s on an H200
+#    (2026-11-27, no PyTorch) before its fit twin made as train makes its model (another
+#    compile_ahead, about 55 s): give it 250 s, more with PyTorch.
+# 5. With ALLREDUCE_SECONDS > 0 (default 0), benchmarks/allreduce.py over 2 logical GPUs,
+#    with XLA (each replica's step) and without (allreduce.json): about 100 s without XLA
+#    on an H200, each XLA setup's compilation about 40 s more.
 # install.log holds nvidia-smi's reading; stderr.log the benchmarks' stderr.
 # A call carries at most 64 MiB with the tree (about 10 MB tracked): make_payload.sh's
 # 55 MB chunks no longer fit; re-split them at 50 MB first
@@ -29,7 +33,7 @@
 #    && sha256sum part_* > SHA256SUMS), then stage part_00..05 and carry part_06 here.
 # A machine where an earlier call installed TensorFlow (/tmp/tfenv.sh) skips the install.
 # Seconds: STEP_SECONDS (0: no step 1), COLD_SECONDS (0: no step 2), WARM_SECONDS,
-# TORCH_SECONDS (0: no PyTorch run in step 2), TEST_SECONDS, FIT_SECONDS.
+# TORCH_SECONDS (0: no PyTorch run in step 2), TEST_SECONDS, FIT_SECONDS, ALLREDUCE_SECONDS.
 set -u
 out=${OUT:?set OUT to the folder the files go to}
 if [ ! -e /tmp/tfenv.sh ]; then  # not installed on this machine yet
@@ -109,6 +113,17 @@ real = r.get('real_batches', {})
 print('fixed', r['seconds_per_step'], r['target_tokens_per_second'], r.get('speedup_over_torch'))
 print('real', real.get('compile_ahead_seconds'), real.get('target_tokens_per_second'),
       real.get('real_over_fixed'), real.get('fit'))" "$out/fit_overhead.json" 2>&1 | tail -4
+fi
+if [ "${ALLREDUCE_SECONDS:-0}" -gt 0 ]; then
+  timeout "$ALLREDUCE_SECONDS" python3 benchmarks/allreduce.py --xla both --steps 20 \
+    > "$out/allreduce.json" 2>> "$out/stderr.log"
+  echo "allreduce.py exit status $? at $((SECONDS - started)) s"
+  python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+print({k: v['seconds_per_step'] for k, v in r['steps'].items()})
+print(r['allreduce'], r['replicas_over_one_device'], r['xla_speedup_replicas'], r['projection'])
+" "$out/allreduce.json" 2>&1 | tail -3
 fi
 [ -e "$out/tests.log" ] && grep -E "passed|failed|exit status| FAILED | ERROR |^FAILED|^ERROR" "$out/tests.log" | sort -u | tail -40
 [ -e "$out/gpu_training.json" ] && python3 - "$out/gpu_training.json" <<'PY'
