@@ -93,11 +93,12 @@ def main(mode, args, xla=False):
                 loss=kt.LabelSmoothedCrossEntropy(),
                 jit_compile=xla,
             )
-        history = model.fit(batches, epochs=1, verbose=0)
-        return model.get_weights(), history.history["loss"][-1], model
+        # The dev pass on the same batches: the strategy's test step too.
+        history = model.fit(batches, epochs=1, validation_data=batches, verbose=0)
+        return model.get_weights(), history.history, model
 
-    distributed, distributed_loss, model = train(strategy)
-    one, one_loss, _ = train(tf.distribute.OneDeviceStrategy(
+    distributed, distributed_logs, model = train(strategy)
+    one, one_logs, _ = train(tf.distribute.OneDeviceStrategy(
         "/gpu:0" if mode == "mirrored_gpu" else "/cpu:0"))
     num_replicas = strategy.num_replicas_in_sync
     # Tokens each replica sees in each global batch: Keras's own per-replica mean
@@ -109,8 +110,10 @@ def main(mode, args, xla=False):
         "largest_update": max(float(np.abs(a - b).max()) for a, b in zip(one, initial_weights)),
         "largest_difference": max(float(np.abs(a - b).max()) for a, b in zip(one, distributed)),
         "tokens_per_replica": shard_tokens.tolist(),
-        # The epoch's mean loss as fit logs it: one device's, and the strategy's.
-        "loss": [one_loss, distributed_loss],
+        # The epoch's mean loss as fit logs it, and the dev pass's: one device's, and
+        # the strategy's.
+        "loss": [one_logs["loss"][-1], distributed_logs["loss"][-1]],
+        "val_loss": [one_logs["val_loss"][-1], distributed_logs["val_loss"][-1]],
         # How the strategy's step was compiled: by replica with --xla.
         "replica_jit_compile": model.replica_jit_compile,
         "jit_compile": model.jit_compile,

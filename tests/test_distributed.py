@@ -24,6 +24,7 @@ def check_equal_to_one_device(result, num_replicas):
     assert result["largest_update"] > 1e-3  # the weights did move
     assert result["largest_difference"] < 1e-5, result
     assert abs(result["loss"][0] - result["loss"][1]) < 1e-5, result
+    assert abs(result["val_loss"][0] - result["val_loss"][1]) < 1e-5, result
     # Replicas see unequal token counts, so a per-replica mean would not match.
     assert len({n for batch in result["tokens_per_replica"] for n in batch}) > 1, result
 
