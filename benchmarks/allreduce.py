@@ -59,8 +59,9 @@ def progress(started, message):
 def gpu_memory_mb():
     """The first GPU's memory in MiB from nvidia-smi, or None."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30, check=True).stdout
         return int(out.split()[0])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
@@ -188,7 +189,9 @@ def main():
     rng = np.random.RandomState(0)
 
     def batch(rows):
-        ids = lambda: rng.randint(4, config.vocab_size, (rows, args.length)).astype("int32")  # noqa: E731
+        def ids():
+            return rng.randint(4, config.vocab_size, (rows, args.length)).astype("int32")
+
         return {"encoder_inputs": ids(), "decoder_inputs": ids()}, ids()
 
     with mirrored.scope():

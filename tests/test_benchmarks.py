@@ -340,8 +340,8 @@ def test_allreduce_times_the_replicas_against_one_device():
     assert report["allreduce"]["bytes"] == 4 * parameters  # float32 gradients
     assert report["global_batch"] == [32, 16] and report["logical_devices"] == ["/cpu:0", "/cpu:1"]
     steps = report["steps"]
-    assert set(steps) == {f"{name}{xla}" for name in ("2_replicas", "one_device", "one_device_4_rows")
-                          for xla in ("", "_xla")}
+    assert set(steps) == {f"{name}{xla}" for xla in ("", "_xla")
+                          for name in ("2_replicas", "one_device", "one_device_4_rows")}
     for name, step in steps.items():
         assert step["target_tokens_per_second"] == pytest.approx(
             step["rows"] * 16 / step["seconds_per_step"], rel=1e-3)
