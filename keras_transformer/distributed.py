@@ -147,6 +147,13 @@ class MultiWorkerModel(keras.Model):
         super().compile(*args, jit_compile=jit_compile, **kwargs)
         self._replica_steps = {}
 
+    def compile_from_config(self, config):
+        # Keras's own, which skips a model whose `compile` is overridden (a saved
+        # model would load without its optimizer); this `compile` only adds to it.
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        if hasattr(self, "optimizer") and self.built:
+            self.optimizer.build(self.trainable_variables)  # its variables, to load
+
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Before the first step, Keras 3 (TensorFlow trainer) learns the batch's
         # structure by *reducing* the first distributed batch across replicas: a

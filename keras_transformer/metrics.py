@@ -1,6 +1,7 @@
 """Metrics over non-padding target tokens."""
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from keras_transformer.losses import token_cross_entropy
@@ -49,8 +50,10 @@ class TokenAccuracy(_TokenMean):
         # counts as right). Compared with the maximum rather than the arg-max:
         # TensorFlow's ArgMax over the vocabulary took 17% of a small model's
         # training step on a CPU, the maximum and a gather 1.4%.
-        target = ops.take_along_axis(
-            y_pred, ops.expand_dims(ops.cast(y_true, "int32"), -1), axis=-1)[..., 0]
+        # The gather as the loss makes it: with `ops.take_along_axis` instead, a
+        # second run found only half of the first one's XLA programs in the
+        # compile cache (tests/test_train_cli.py).
+        target = tf.gather(y_pred, tf.cast(y_true, tf.int32), batch_dims=2)  # (B, T)
         return ops.greater_equal(target, ops.max(y_pred, axis=-1))
 
     def result(self):

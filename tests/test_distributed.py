@@ -39,6 +39,29 @@ def test_strategy_choices():
         distributed.make_strategy("gpu8")
 
 
+def test_a_saved_model_loads_with_its_optimizer(tmp_path):
+    """MultiWorkerModel overrides `compile`, which Keras then skips when it loads a
+    saved model; `compile_from_config` compiles it as Keras would."""
+    import keras
+    import numpy as np
+
+    import keras_transformer as kt
+    from keras_transformer import training
+
+    model = kt.build_transformer(kt.TransformerConfig.tiny(60, d_model=16, d_ff=32))
+    training.compile_for_training(model)
+    rng = np.random.RandomState(0)
+    inputs = {name: rng.randint(4, 60, (4, 6)).astype("int32")
+              for name in ("encoder_inputs", "decoder_inputs")}
+    model.train_on_batch(inputs, rng.randint(4, 60, (4, 6)).astype("int32"))
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    assert int(loaded.optimizer.iterations.numpy()) == 1
+    for a, b in zip(loaded.optimizer.variables, model.optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert [m.name for m in loaded.metrics] == [m.name for m in model.metrics]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("replicas, xla", [(8, False), (2, True)], ids=["8", "2-xla"])
 def test_mirrored_replicas_equal_one_device(replicas, xla):
