@@ -89,7 +89,7 @@ def free_ports(count):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("xla", [False, True], ids=["", "xla"])
+@pytest.mark.parametrize("xla", [False, True], ids=["no-xla", "xla"])
 def test_multi_worker_equals_one_device(xla):
     """Two worker processes on localhost (MultiWorkerMirroredStrategy from
     TF_CONFIG) make the same two updates and log the same loss as one device

@@ -94,7 +94,7 @@ needs_two_gpus = pytest.mark.skipif(len(tf.config.list_physical_devices("GPU")) 
 @needs_gpu
 @pytest.mark.parametrize("all_reduce", [pytest.param("nccl", marks=needs_two_gpus),
                                         "hierarchical"])
-@pytest.mark.parametrize("xla", [False, True], ids=["", "xla"])
+@pytest.mark.parametrize("xla", [False, True], ids=["no-xla", "xla"])
 def test_mirrored_over_two_gpus_equals_one_gpu(all_reduce, xla):
     """With XLA, each replica's step is compiled apart (MultiWorkerModel.compile)."""
     from tests.test_distributed import ENV
