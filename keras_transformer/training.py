@@ -214,8 +214,16 @@ def compile_ahead(model, batches, dev_batches=(), workers=None):
     for function, group in ((model.train_function, batches), (model.test_function, dev_batches)):
         if group:
             datasets = [tf.data.Dataset.from_tensors(batch).map(_shape_unknown) for batch in group]
-            iterator = iter(strategy.experimental_distribute_dataset(
-                functools.reduce(tf.data.Dataset.concatenate, datasets)))
+            dataset = functools.reduce(tf.data.Dataset.concatenate, datasets)
+            # Traced here, one function after the other, on an empty iterator (the
+            # step never runs, nothing compiles): traced side by side, the two would
+            # draw their names from TensorFlow's counter in an order that changes
+            # from run to run, and the compile cache finds programs by those names.
+            try:
+                function(iter(strategy.experimental_distribute_dataset(dataset.take(0))))
+            except (StopIteration, tf.errors.OutOfRangeError):
+                pass
+            iterator = iter(strategy.experimental_distribute_dataset(dataset))
             jobs += [(function, iterator)] * len(group)
     workers = workers or os.cpu_count() or 1
     logger, overlapping = tf.get_logger(), _OverlappingCallsFilter()
