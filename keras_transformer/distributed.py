@@ -218,7 +218,7 @@ class MultiWorkerModel(keras.Model):
                 jit_compile=True, reduce_retracing=True)
         return self._replica_steps[kind]
 
-    def _replica_loss(self, x, y, y_pred, sample_weight, token_count):
+    def _replica_loss(self, y, y_pred, sample_weight, token_count):
         loss = self.loss.over_tokens(y, y_pred, sample_weight, token_count)
         if self.losses:  # as Keras adds them: scaled by the replicas (the sum of N)
             loss += tf.add_n(self.losses) / self.distribute_strategy.num_replicas_in_sync
@@ -227,13 +227,13 @@ class MultiWorkerModel(keras.Model):
     def _replica_train(self, x, y, sample_weight, token_count):
         with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
-            loss = self._replica_loss(x, y, y_pred, sample_weight, token_count)
+            loss = self._replica_loss(y, y_pred, sample_weight, token_count)
             scaled = self.optimizer.scale_loss(loss)  # mixed_float16's loss scale
         return loss, y_pred, tape.gradient(scaled, self.trainable_weights)
 
     def _replica_test(self, x, y, sample_weight, token_count):
         y_pred = self(x, training=False)
-        return self._replica_loss(x, y, y_pred, sample_weight, token_count), y_pred
+        return self._replica_loss(y, y_pred, sample_weight, token_count), y_pred
 
     def _track_loss(self, loss, x):
         # As Keras's steps log it: each replica's share times the replicas
