@@ -1,0 +1,1 @@
+python3 benchmarks/allreduce.py --xla on --steps 20  # at 3ef547d, after bash .gpu/install.sh and . /tmp/tfenv.sh on a fresh H200 machine (cuBLAS 13 under TensorFlow's 12 soname); the measurement without XLA is 2026-11-27-allreduce-h200.json (earlier machine)

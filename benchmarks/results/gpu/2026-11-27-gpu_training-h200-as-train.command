@@ -1,0 +1,1 @@
+STEP_SECONDS=0 COLD_SECONDS=190 WARM_SECONDS=45 TORCH_SECONDS=0 bash benchmarks/gpu_session.sh  # at 3ef547d, the same machine, right after 2026-11-27-train_throughput-h200-fit-as-train; the warm run was stopped at 45 s, still compiling
