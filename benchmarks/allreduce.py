@@ -22,12 +22,18 @@ logical devices:
    `both`.
    On one card the replicas share its cores, so the replicas' step less one device's
    on the same batch is what splitting the batch and reducing its gradients cost.
-3. **8 GPUs on paper**: a replica's step on its share of the batch (measured, with
-   XLA unless `--xla off`), plus what the replicas' machinery added on the card (the
-   replicas' step less one device's on the same batch: the all-reduce and the update
-   as far as they do not overlap the arithmetic), plus a ring all-reduce of the
-   gradient bytes over `--link-gb-s` (NVLink 4 on an H100 SXM: 450 GB/s each way, the
-   datasheet's 900 GB/s in both): 2 (n - 1) / n x bytes / bandwidth.
+3. **The optimizer's update alone** on one device (`time_update`): under XLA on each
+   replica it runs outside the compiled step, once on every GPU at the same time.
+4. **8 GPUs on paper**, each with its own card: a replica's step on its share of the
+   batch (measured, with XLA unless `--xla off`), plus the update outside XLA (with
+   XLA), plus a ring all-reduce of the gradient bytes over `--link-gb-s` (NVLink 4 on
+   an H100 SXM: 450 GB/s each way, the datasheet's 900 GB/s in both): 2 (n - 1) / n x
+   bytes / bandwidth; nothing of it overlapping, so an upper bound. Both ways of
+   using 8 GPUs: the paper's (its batch split 8 ways) and train's (`--tokens-per-batch`
+   is per replica: 8 whole batches a step).
+   On the one card, the replicas' step less the replicas' shares run one after the
+   other on one device (`on_one_card`) checks what the all-reduce and the update add
+   there; it is no projection, since the replicas share the card.
 """
 
 import argparse
@@ -112,6 +118,42 @@ def time_allreduce(strategy, shapes, repeats):
     for _ in range(repeats):
         start = time.perf_counter()
         [float(x) for x in reduce_all(values)]
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def time_update(strategy, config, precision, repeats):
+    """Median seconds of one optimizer update on one device: the paper's Adam applied
+    to every trainable variable in a `tf.function` without XLA, as each replica
+    applies it when XLA compiles only its forward and backward pass
+    (`distributed.MultiWorkerModel`); on several GPUs each applies its own at once."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import keras_transformer as kt
+
+    keras.config.set_dtype_policy(precision)
+    with strategy.scope():
+        model = kt.build_transformer(config)
+        optimizer = kt.transformer_optimizer(config.d_model)
+        optimizer.build(model.trainable_variables)
+        gradients = [tf.fill(variable.shape, 1e-3) for variable in model.trainable_variables]
+    keras.config.set_dtype_policy("float32")
+
+    @tf.function(jit_compile=False)
+    def update():
+        def apply():
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            return tf.identity(optimizer.iterations)
+
+        return strategy.run(apply)
+
+    int(update())  # traces
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        int(update())  # waits for the update
         times.append(time.perf_counter() - start)
     return float(np.median(times))
 
@@ -201,15 +243,19 @@ def main():
     progress(started, f"all-reduce of {len(shapes)} tensors, {gradient_bytes / 1e6:.0f} MB: "
                       f"{reduce_seconds * 1e3:.2f} ms")
 
-    global_batch, share_batch = batch(rows), batch(share)
+    update_seconds = time_update(one, config, args.precision, args.reduce_repeats)
+    progress(started, f"the optimizer's update alone: {update_seconds * 1e3:.2f} ms")
+
+    half = rows // args.replicas  # a replica's share here
+    batches = {rows: batch(rows), half: batch(half), share: batch(share)}
     setups = []
     for xla in {"on": [True], "off": [False], "both": [False, True]}[args.xla]:
         suffix = "_xla" * xla
-        setups += [Setup(f"{args.replicas}_replicas{suffix}", mirrored, config, global_batch,
+        setups += [Setup(f"{args.replicas}_replicas{suffix}", mirrored, config, batches[rows],
                          args.precision, xla),
-                   Setup(f"one_device{suffix}", one, config, global_batch, args.precision, xla),
-                   Setup(f"one_device_{share}_rows{suffix}", one, config, share_batch,
-                         args.precision, xla)]
+                   Setup(f"one_device{suffix}", one, config, batches[rows], args.precision, xla)]
+        setups += [Setup(f"one_device_{part}_rows{suffix}", one, config, batches[part],
+                         args.precision, xla) for part in sorted({half, share})]
     for setup in setups:
         first = sum(setup.step() for _ in range(args.warmup_steps))
         setup.first_steps_seconds = round(first, 2)
@@ -228,15 +274,28 @@ def main():
                for setup in setups}
     n = args.project_gpus
     ring_seconds = 2 * (n - 1) / n * gradient_bytes / (args.link_gb_s * 1e9)
-    suffix = "_xla" * (args.xla != "off")  # what train runs: XLA where measured
-    replica_seconds = step[f"one_device_{share}_rows{suffix}"]
-    # What the replicas' machinery adds to a step on one card: the all-reduce, the
-    # update outside XLA, the split; whatever of it overlaps the arithmetic is not
-    # counted.
-    overhead_seconds = max(0.0, step[f"{args.replicas}_replicas{suffix}"]
-                           - step[f"one_device{suffix}"])
-    projected = replica_seconds + overhead_seconds + ring_seconds
+    xla = args.xla != "off"
+    suffix = "_xla" * xla  # what train runs: XLA where measured
+    # Under XLA each replica's update runs outside its compiled step; without XLA it
+    # is in the step measured.
+    outside = update_seconds if xla else 0.0
     one_gpu = step[f"one_device{suffix}"]
+
+    def on_gpus(step_seconds, rows_each):
+        projected = step_seconds + outside + ring_seconds
+        return {"rows_per_gpu": rows_each,
+                "gpu_step_seconds": round(step_seconds, 5),
+                "update_seconds": round(outside, 6),
+                "ring_allreduce_seconds": round(ring_seconds, 9),
+                "step_seconds": round(projected, 5),
+                "target_tokens_per_second": round(n * rows_each * args.length / projected, 1),
+                # Against one GPU on the whole global batch, with XLA where measured.
+                "speedup_over_one_gpu": round(
+                    n * rows_each * one_gpu / (rows * projected), 2),
+                "outside_step_share": round((outside + ring_seconds) / projected, 3)}
+
+    replicas_seconds = step[f"{args.replicas}_replicas{suffix}"]
+    shares_seconds = args.replicas * step[f"one_device_{half}_rows{suffix}"]
     report = {
         "benchmark": "allreduce",
         "date": time.strftime("%Y-%m-%d"),
@@ -260,19 +319,22 @@ def main():
         "xla_speedup_replicas": (
             round(step[f"{args.replicas}_replicas"] / step[f"{args.replicas}_replicas_xla"], 3)
             if args.xla == "both" else None),
+        "update": {"variables": len(shapes), "seconds": round(update_seconds, 6)},
+        # The replicas' step on the one card, against their shares of the batch run
+        # one after the other on one device: what the all-reduce, the update outside
+        # XLA and the split add there, less what overlaps (negative where the
+        # replicas' steps overlap on the card).
+        "on_one_card": {"replicas_step_seconds": round(replicas_seconds, 5),
+                        "shares_one_after_another_seconds": round(shares_seconds, 5),
+                        "added_seconds": round(replicas_seconds - shares_seconds, 5)},
         "projection": {
             "gpus": n,
             "link_gb_per_second": args.link_gb_s,
-            "replica_rows": share,
-            "replica_step_seconds": round(replica_seconds, 5),
-            "replicas_overhead_seconds": round(overhead_seconds, 5),
-            "ring_allreduce_seconds": round(ring_seconds, 9),
-            "step_seconds": round(projected, 5),
-            "target_tokens_per_second": round(n * share * args.length / projected, 1),
-            # Against one GPU on the whole batch (both with XLA where measured).
-            "xla": args.xla != "off",
-            "speedup_over_one_gpu": round(one_gpu / projected, 2),
-            "allreduce_share_of_step": round((overhead_seconds + ring_seconds) / projected, 3),
+            "xla": xla,
+            # The paper's: one batch of --tokens-per-batch split over the GPUs.
+            "batch_split": on_gpus(step[f"one_device_{share}_rows{suffix}"], share),
+            # train's: --tokens-per-batch on each GPU.
+            "batch_per_gpu": on_gpus(one_gpu, rows),
         },
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "seconds": round(time.perf_counter() - started, 1),

@@ -27,7 +27,7 @@ FILE_NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})-(.+)\.json$")
 # The figures a row shows, by key, in this order, wherever they sit in the report
 # (dotted path shown); at most MAX_FIGURES of them.
 HEADLINE_FIELDS = (
-    "replicas_over_one_device", "speedup_over_one_gpu", "allreduce_share_of_step",
+    "replicas_over_one_device", "speedup_over_one_gpu", "allreduce_share_of_step", "outside_step_share",
     "first_step_seconds", "sustained_target_tokens_per_second", "ours_over_torch",
     "mfu_bf16_datasheet", "first_steps_seconds", "bleu", "sacrebleu", "sentences_per_second", "seconds_per_batch", "seconds_per_step",
     "target_tokens_per_second", "tokens_per_second", "pairs_per_second", "mfu",

@@ -340,22 +340,36 @@ def test_allreduce_times_the_replicas_against_one_device():
     assert report["allreduce"]["bytes"] == 4 * parameters  # float32 gradients
     assert report["global_batch"] == [32, 16] and report["logical_devices"] == ["/cpu:0", "/cpu:1"]
     steps = report["steps"]
-    assert set(steps) == {f"{name}{xla}" for xla in ("", "_xla")
-                          for name in ("2_replicas", "one_device", "one_device_4_rows")}
+    assert set(steps) == {f"{name}{xla}" for xla in ("", "_xla") for name in
+                          ("2_replicas", "one_device", "one_device_4_rows", "one_device_16_rows")}
     for name, step in steps.items():
         assert step["target_tokens_per_second"] == pytest.approx(
             step["rows"] * 16 / step["seconds_per_step"], rel=1e-3)
     assert report["replicas_over_one_device"] == pytest.approx(
         steps["2_replicas_xla"]["seconds_per_step"] / steps["one_device_xla"]["seconds_per_step"],
         rel=1e-2)
+    assert report["update"]["variables"] == len(kt.build_transformer(
+        kt.TransformerConfig.tiny(300)).trainable_weights)
+    update = report["update"]["seconds"]
+    assert 0 < update < steps["one_device"]["seconds_per_step"]  # the step holds an update
+    card = report["on_one_card"]
+    assert card["added_seconds"] == pytest.approx(
+        steps["2_replicas_xla"]["seconds_per_step"]
+        - 2 * steps["one_device_16_rows_xla"]["seconds_per_step"], abs=2e-5)
     projection = report["projection"]
-    assert projection["replica_step_seconds"] == steps["one_device_4_rows_xla"]["seconds_per_step"]
-    assert projection["replicas_overhead_seconds"] == pytest.approx(max(0.0, (
-        steps["2_replicas_xla"]["seconds_per_step"] - steps["one_device_xla"]["seconds_per_step"])),
-        abs=2e-5)
-    assert projection["step_seconds"] == pytest.approx(
-        projection["replica_step_seconds"] + projection["replicas_overhead_seconds"]
-        + projection["ring_allreduce_seconds"], abs=2e-5)
+    assert projection["xla"] is True
     # A ring over 8 GPUs moves 2 x 7/8 of the gradient bytes over each link.
-    assert projection["ring_allreduce_seconds"] == pytest.approx(
-        1.75 * 4 * parameters / 450e9, rel=1e-2)
+    ring = 1.75 * 4 * parameters / 450e9
+    one_gpu = steps["one_device_xla"]["seconds_per_step"]
+    for name, rows, step in (("batch_split", 4, steps["one_device_4_rows_xla"]),
+                             ("batch_per_gpu", 32, steps["one_device_xla"])):
+        part = projection[name]
+        assert part["rows_per_gpu"] == rows
+        assert part["gpu_step_seconds"] == step["seconds_per_step"]
+        assert part["ring_allreduce_seconds"] == pytest.approx(ring, rel=1e-2)
+        assert part["step_seconds"] == pytest.approx(
+            step["seconds_per_step"] + update + ring, abs=2e-5)
+        assert part["target_tokens_per_second"] == pytest.approx(
+            8 * rows * 16 / part["step_seconds"], rel=1e-3)
+        assert part["speedup_over_one_gpu"] == pytest.approx(
+            8 * rows * one_gpu / (32 * part["step_seconds"]), abs=0.01)
