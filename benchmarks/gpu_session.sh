@@ -143,7 +143,7 @@ for part in ("cold", "warm"):
         print("  ", line[:300])
 print({k: report.get(k) for k in ("xla_flags", "sustained_target_tokens_per_second",
                                   "sustained_intervals", "mfu_bf16_datasheet",
-                                  "ours_over_torch", "torch_shape")})
+                                  "ours_over_torch", "torch_shape", "interval_split_seconds")})
 torch = report.get("torch", {})
 print("torch:", torch.get("error", "")[:600] or [(r["mode"], r.get("target_tokens_per_second"),
       r.get("first_steps_seconds"), r.get("seconds_per_step")) for r in torch.get("results", [])])

@@ -17,6 +17,8 @@ and PyTorch on the same card, printed as JSON.
    non-padding target tokens over the wall-clock time of its steps; dev passes and
    checkpoints left out), per checkpoint interval of both runs; `sustained` is the
    median of the intervals after each run's first (which holds its compilations).
+   `interval_split_seconds`: where such an interval's wall clock went (its steps, its
+   dev pass, its checkpoint, the rest), from log.csv's times.
 4. PyTorch: `torch_transformer.py` (bf16 autocast, `torch.compile`) at the run's
    most frequent batch shape, a fixed random batch without padding, in its own
    process; `ours_over_torch` compares our sustained non-padding tokens/s with its
@@ -112,9 +114,13 @@ def train_xla_flags():
     return environ["XLA_FLAGS"]
 
 
+TIMES = ("median_step_seconds", "dev_pass_seconds", "checkpoint_seconds")
+
+
 def logged_intervals(run_dir):
-    """log.csv's rows: step, target tokens/s, and training and dev loss (whether the
-    run learns) of each checkpoint interval."""
+    """log.csv's rows: step, target tokens/s, training and dev loss (whether the run
+    learns), and where the interval's time went (its steps' median, its dev pass and
+    its checkpoint), of each checkpoint interval."""
     path = os.path.join(run_dir, "log.csv")
     if not os.path.exists(path):
         return []
@@ -122,8 +128,30 @@ def logged_intervals(run_dir):
         return [{"step": int(row["step"]), "elapsed_seconds": float(row["elapsed_seconds"]),
                  "target_tokens_per_second": float(row["target_tokens_per_second"]),
                  **{key: round(float(row[key]), 4) for key in ("loss", "val_loss")
-                    if row.get(key)}}
+                    if row.get(key)},
+                 **{key: float(row[key]) for key in TIMES if row.get(key)}}
                 for row in csv.DictReader(f) if row.get("target_tokens_per_second")]
+
+
+def interval_split(rows):
+    """Where a steady checkpoint interval's wall clock went, the median of each part
+    over `rows` (each after the first of its run): `wall` (from the last interval's
+    end), `steps` (its steps' median times their number), `dev_pass`, `checkpoint`,
+    and `between` (the rest: the time between steps, and fit's work at the epoch's
+    ends)."""
+    parts = []
+    for before, row in zip(rows, rows[1:]):
+        if not all(key in row for key in TIMES):
+            continue
+        wall = row["elapsed_seconds"] - before["elapsed_seconds"]
+        steps = (row["step"] - before["step"]) * row["median_step_seconds"]
+        parts.append({"wall": wall, "steps": steps, "dev_pass": row["dev_pass_seconds"],
+                      "checkpoint": row["checkpoint_seconds"],
+                      "between": wall - steps - row["dev_pass_seconds"]
+                      - row["checkpoint_seconds"]})
+    if not parts:
+        return None
+    return {key: round(statistics.median(part[key] for part in parts), 3) for key in parts[0]}
 
 
 def torch_comparison(args, shape):
@@ -180,6 +208,8 @@ def main():
     if steady:
         report["sustained_target_tokens_per_second"] = statistics.median(steady)
         report["sustained_intervals"] = len(steady)
+        report["interval_split_seconds"] = interval_split(
+            [row for part in report["intervals"].values() for row in part[1:]])
     shapes = report["cold"].get("shapes")
     if shapes:
         from train_throughput import forward_flops

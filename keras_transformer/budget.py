@@ -28,7 +28,8 @@ class TrainingClock(keras.callbacks.Callback):
     nearest the budget (`over_budget`); adds `step`, `cpu_seconds`, `elapsed_seconds` (since
     `start`, default now) and, where the model counts `target_tokens`,
     `target_tokens_per_second` (over the wall-clock time of the epoch's steps, its
-    dev pass left out) to the epoch logs, and times each step for `plan`.
+    dev pass left out), `median_step_seconds` (wall clock) and, after a dev pass,
+    `dev_pass_seconds` to the epoch logs, and times each step for `plan`.
 
     Args:
         budget_seconds: stop once the clock has run this long since `start`
@@ -53,6 +54,10 @@ class TrainingClock(keras.callbacks.Callback):
         self._epoch_start = None
         self._epoch_seconds = 0.0  # the last epoch's, dev pass included
         self._steps_wall = None  # the wall-clock span of this epoch's steps: [start, end]
+        self._epoch_steps_wall = []  # this epoch's steps' wall-clock seconds
+        self._step_start_wall = None
+        self._dev_start = None
+        self._dev_seconds = None  # this epoch's dev pass (None: none)
 
     def elapsed(self):
         return self.read() - self.start
@@ -79,16 +84,26 @@ class TrainingClock(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = self.read()
         self._steps_wall = [time.monotonic(), None]
+        self._epoch_steps_wall = []
+        self._dev_seconds = None
 
     def on_test_begin(self, logs=None):
+        now = time.monotonic()
         if self._steps_wall is not None and self._steps_wall[1] is None:
-            self._steps_wall[1] = time.monotonic()  # the epoch's steps end, its dev pass begins
+            self._steps_wall[1] = now  # the epoch's steps end, its dev pass begins
+        self._dev_start = now
+
+    def on_test_end(self, logs=None):
+        if self._dev_start is not None:
+            self._dev_seconds = (self._dev_seconds or 0.0) + time.monotonic() - self._dev_start
 
     def on_train_batch_begin(self, batch, logs=None):
         self._step_start = self.read()
+        self._step_start_wall = time.monotonic()
 
     def on_train_batch_end(self, batch, logs=None):
         self.step_seconds.append(self.read() - self._step_start)
+        self._epoch_steps_wall.append(time.monotonic() - self._step_start_wall)
 
     def on_epoch_end(self, epoch, logs=None):
         if self._epoch_start is not None:
@@ -99,6 +114,13 @@ class TrainingClock(keras.callbacks.Callback):
                 start, end = self._steps_wall
                 seconds = (end or time.monotonic()) - start
                 logs["target_tokens_per_second"] = round(float(logs["target_tokens"]) / seconds, 1)
+            # Where an interval's wall clock goes: its steps (each from its call to its
+            # logs: the whole step where a callback reads every step's logs, as
+            # train's do), its dev pass (and StepCheckpoint's checkpoint_seconds).
+            if self._epoch_steps_wall:
+                logs["median_step_seconds"] = round(float(np.median(self._epoch_steps_wall)), 5)
+            if self._dev_seconds is not None:
+                logs["dev_pass_seconds"] = round(self._dev_seconds, 3)
             logs["cpu_seconds"] = round(time.process_time(), 2)
             logs["elapsed_seconds"] = round(time.monotonic() - self.wall_start, 2)
         if self.over_budget():

@@ -278,7 +278,8 @@ def one_batch_per_shape(dataset):
 
 
 class StepCheckpoint(keras.callbacks.Callback):
-    """Saves model and optimizer state every epoch, keeping the last `keep`.
+    """Saves model and optimizer state every epoch, keeping the last `keep`, and adds
+    the seconds that took to the epoch's logs (`checkpoint_seconds`, in log.csv).
 
     `train.py` makes an epoch `checkpoint_every` steps long, so this is a
     checkpoint every N steps, named by the optimizer step. Its files are written
@@ -303,7 +304,10 @@ class StepCheckpoint(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         start = time.monotonic()
         self._write(logs)
-        self.seconds += time.monotonic() - start
+        seconds = time.monotonic() - start
+        self.seconds += seconds
+        if logs is not None:  # for the callbacks after this one: log.csv
+            logs["checkpoint_seconds"] = round(seconds, 3)
 
     def _write(self, logs):
         loss = (logs or {}).get("loss")

@@ -320,6 +320,18 @@ def test_gpu_training_reads_the_runs_as_their_logs_say(tmp_path):
     assert [(item["loss"], item["val_loss"]) for item in report["intervals"]["cold"]] == [
         (round(float(row["loss"]), 4), round(float(row["val_loss"]), 4)) for row in rows]
     assert report["sustained_target_tokens_per_second"] == statistics.median(rates[1:])
+    # Where a steady interval's wall clock went, from log.csv's times: the parts add up.
+    assert all(float(row["median_step_seconds"]) > 0 and float(row["dev_pass_seconds"]) > 0
+               and float(row["checkpoint_seconds"]) > 0 for row in rows)
+    walls = [float(b["elapsed_seconds"]) - float(a["elapsed_seconds"])
+             for a, b in zip(rows[1:], rows[2:])]
+    split = report["interval_split_seconds"]
+    assert split["wall"] == pytest.approx(statistics.median(walls), abs=1e-3)
+    assert split["steps"] == pytest.approx(
+        20 * statistics.median(float(row["median_step_seconds"]) for row in rows[2:]), abs=1e-3)
+    assert 0 < split["steps"] < split["wall"] and split["dev_pass"] > 0
+    assert split["wall"] == pytest.approx(
+        split["steps"] + split["dev_pass"] + split["checkpoint"] + split["between"], abs=5e-3)
 
 
 @pytest.mark.slow

@@ -41,7 +41,10 @@ def test_step_checkpoint_keeps_the_last_and_never_a_nan(tmp_path):
     callback.set_model(model)
     for step in (10, 20, 30):
         model.optimizer.iterations.assign(step)
-        callback.on_epoch_end(0, {"loss": 1.0})
+        before = callback.seconds
+        callback.on_epoch_end(0, logs := {"loss": 1.0})
+        assert logs["checkpoint_seconds"] > 0  # for log.csv: this checkpoint's
+        assert logs["checkpoint_seconds"] == pytest.approx(callback.seconds - before, abs=1e-3)
     model.optimizer.iterations.assign(40)
     callback.on_epoch_end(0, {"loss": math.nan})
     assert [step for step, _ in runs.Checkpoints(str(tmp_path)).list()] == [20, 30]
@@ -141,12 +144,21 @@ def test_tokens_a_second_count_the_steps_and_not_the_dev_pass(monkeypatch):
 
     clock.set_model(Model())
     clock.on_epoch_begin(0)
-    now[0] = 54.0                      # 4 s of steps
+    for begin, end in ((50.0, 50.5), (50.5, 52.0), (52.0, 54.0)):  # 4 s of steps
+        now[0] = begin
+        clock.on_train_batch_begin(0)
+        now[0] = end
+        clock.on_train_batch_end(0)
     clock.on_test_begin()
     now[0] = 60.0                      # a 6-second dev pass
+    clock.on_test_end()
     logs = {"target_tokens": 123456.0, "learning_rate": 1e-3}
     clock.on_epoch_end(0, logs)
     assert logs["target_tokens_per_second"] == 123456.0 / 4
+    assert logs["median_step_seconds"] == 1.5 and logs["dev_pass_seconds"] == 6.0
+    clock.on_epoch_begin(1)  # an interval without a dev pass logs none
+    clock.on_epoch_end(1, quiet := {})
+    assert "dev_pass_seconds" not in quiet and "median_step_seconds" not in quiet
     stream = io.StringIO()
     progress = budget.ProgressLine(1000, clock, stream)
     progress.set_model(Model())
