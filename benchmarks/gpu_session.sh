@@ -33,6 +33,8 @@
 #   (cd .gpu && cat part_* > /tmp/p && rm part_* && split -b 50M -d -a 2 /tmp/p part_ \
 #    && sha256sum part_* > SHA256SUMS), then stage part_00..05 and carry part_06 here.
 # A machine where an earlier call installed TensorFlow (/tmp/tfenv.sh) skips the install.
+# WARM_VMODULE (TF_CPP_VMODULE, e.g. gpu_training.py's WARM_VMODULE): the warm run --verbose,
+# with those modules' log lines in train_warm.log, for where its start goes.
 # Seconds: STEP_SECONDS (0: no step 1), COLD_SECONDS (0: no step 2), WARM_SECONDS,
 # TORCH_SECONDS (0: no PyTorch run in step 2), TEST_SECONDS, FIT_SECONDS, ALLREDUCE_SECONDS.
 set -u
@@ -95,6 +97,7 @@ if [ "${COLD_SECONDS:-170}" -gt 0 ]; then  # COLD_SECONDS=0: no train runs
   on_cores 0-9 python3 benchmarks/gpu_training.py \
     --cold-seconds "${COLD_SECONDS:-170}" --warm-seconds "${WARM_SECONDS:-60}" \
     --torch-seconds "${TORCH_SECONDS:-100}" $([ "${TORCH_SECONDS:-100}" -gt 0 ] || echo --torch-steps 0) \
+    ${WARM_VMODULE:+--warm-vmodule "$WARM_VMODULE"} \
     --log-dir "$out" --work-dir /tmp/gpu_training \
     > "$out/gpu_training.json" 2>> "$out/stderr.log"
   echo "gpu_training.py exit status $? at $((SECONDS - started)) s"

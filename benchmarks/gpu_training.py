@@ -52,17 +52,26 @@ from machine import nvidia_smi  # noqa: E402
 
 SHAPES = re.compile(r"Batches in \d+ shapes \(rows x length\): ([\dx, ]+); padding "
                     r"([\d.]+)% of source and ([\d.]+)% of target tokens")
+# TensorFlow's modules that log each XLA program's compilation, and its load from the
+# persistent cache, with their times (the warm start's profile on a CPU,
+# docs/gpu-and-distribution.md).
+WARM_VMODULE = "device_compiler=3,device_executable_persistor=3,xla_compiler=2"
 FIRST_STEP = re.compile(r"First step done (\d+) s after the command started")
 
 
-def run_train(flags, seconds, log_path):
+def run_train(flags, seconds, log_path, vmodule=""):
     """Runs `keras-transformer train FLAGS`, stopping it with SIGINT after `seconds`;
-    returns what its output says, each line with the seconds since the start."""
+    returns what its output says, each line with the seconds since the start. With
+    `vmodule` (TF_CPP_VMODULE), the run is `--verbose` and TensorFlow's log lines of
+    those modules, stamped like the rest, go to the log too."""
     command = [sys.executable, "-m", "keras_transformer", "train", *flags]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if vmodule:
+        command.append("--verbose")
+        env.update(TF_CPP_VMODULE=vmodule, TF_CPP_MIN_LOG_LEVEL="0")
     start = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                               start_new_session=True)
+                               text=True, env=env, start_new_session=True)
     interrupted = False
 
     def stop(*_):
@@ -182,6 +191,9 @@ def main():
     parser.add_argument("--torch-seconds", type=int, default=150)
     parser.add_argument("--work-dir", default=None, help="the run and the cache (default: a temp dir)")
     parser.add_argument("--log-dir", default=None, help="where the runs' stamped logs go")
+    parser.add_argument("--warm-vmodule", default="",
+                        help="TF_CPP_VMODULE for the warm run, which is then --verbose: for "
+                             "where its start goes, e.g. " + WARM_VMODULE)
     args = parser.parse_args()
 
     work = args.work_dir or tempfile.mkdtemp(prefix="gpu_training_")
@@ -200,7 +212,8 @@ def main():
               "xla_flags": train_xla_flags()}
     report["cold"] = run_train(flags, args.cold_seconds, os.path.join(logs, "train_cold.log"))
     cold_rows = logged_intervals(run_dir)
-    report["warm"] = run_train(flags, args.warm_seconds, os.path.join(logs, "train_warm.log"))
+    report["warm"] = run_train(flags, args.warm_seconds, os.path.join(logs, "train_warm.log"),
+                               args.warm_vmodule)
     rows = logged_intervals(run_dir)
     report["intervals"] = {"cold": cold_rows, "warm": rows[len(cold_rows):]}
     steady = [row["target_tokens_per_second"] for part in report["intervals"].values()
