@@ -1,0 +1,1 @@
+python3 benchmarks/allreduce.py --xla on --steps 20  # from benchmarks/gpu_session.sh (ALLREDUCE_SECONDS=235), at 0a5407e on the H200 of 2026-11-27-gpu_training-h200-split.command; stopped by the timeout while its fourth setup compiled, so no JSON: these are its progress lines (stderr)
