@@ -23,11 +23,14 @@ logical devices:
    On one card the replicas share its cores, so the replicas' step less one device's
    on the same batch is what splitting the batch and reducing its gradients cost.
 3. **The optimizer's update alone** on one device (`time_update`): under XLA on each
-   replica it runs outside the compiled step, once on every GPU at the same time.
+   replica it runs outside the compiled step, once on every GPU at the same time, as
+   one XLA program of its own (`optimizers.Adam`'s `jit_compile`, which train sets
+   with XLA); also timed as Keras alone runs it, without XLA (`uncompiled_seconds`).
 4. **8 GPUs on paper**, each with its own card: a replica's step on its share of the
-   batch (measured, with XLA unless `--xla off`), plus the update outside XLA (with
-   XLA), plus a ring all-reduce of the gradient bytes over `--link-gb-s` (NVLink 4 on
-   an H100 SXM: 450 GB/s each way, the datasheet's 900 GB/s in both): 2 (n - 1) / n x
+   batch (measured, with XLA unless `--xla off`), plus the update outside the step
+   (with XLA: its own program), plus a ring all-reduce of the gradient bytes over
+   `--link-gb-s` (NVLink 4 on an H100 SXM: 450 GB/s each way, the datasheet's 900 GB/s
+   in both): 2 (n - 1) / n x
    bytes / bandwidth; nothing of it overlapping, so an upper bound. Both ways of
    using 8 GPUs: the paper's (its batch split 8 ways) and train's (`--tokens-per-batch`
    is per replica: 8 whole batches a step).
@@ -122,11 +125,12 @@ def time_allreduce(strategy, shapes, repeats):
     return float(np.median(times))
 
 
-def time_update(strategy, config, precision, repeats):
+def time_update(strategy, config, precision, repeats, jit_compile=True):
     """Median seconds of one optimizer update on one device: the paper's Adam applied
-    to every trainable variable in a `tf.function` without XLA, as each replica
+    to every trainable variable in a `tf.function`, compiled by XLA as each replica
     applies it when XLA compiles only its forward and backward pass
-    (`distributed.MultiWorkerModel`); on several GPUs each applies its own at once."""
+    (`distributed.MultiWorkerModel`, `optimizers.Adam`), or without XLA as Keras
+    alone would; on several GPUs each applies its own at once."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -141,7 +145,7 @@ def time_update(strategy, config, precision, repeats):
         gradients = [tf.fill(variable.shape, 1e-3) for variable in model.trainable_variables]
     keras.config.set_dtype_policy("float32")
 
-    @tf.function(jit_compile=False)
+    @tf.function(jit_compile=jit_compile)
     def update():
         def apply():
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))
@@ -173,9 +177,10 @@ class Setup:
         with strategy.scope():
             keras.utils.set_random_seed(0)
             self.model = kt.build_transformer(config)
-            self.model.compile(optimizer=kt.transformer_optimizer(config.d_model),
-                               loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing),
-                               jit_compile=jit_compile)
+            self.model.compile(  # as train compiles it: with XLA, the update too
+                optimizer=kt.transformer_optimizer(config.d_model, jit_compile=jit_compile),
+                loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing),
+                jit_compile=jit_compile)
             # The optimizer's and metrics' variables, before the step is traced (as
             # fit builds them: distributed.MultiWorkerModel._maybe_symbolic_build).
             self.model._symbolic_build(data_batch=batch)
@@ -244,7 +249,10 @@ def main():
                       f"{reduce_seconds * 1e3:.2f} ms")
 
     update_seconds = time_update(one, config, args.precision, args.reduce_repeats)
-    progress(started, f"the optimizer's update alone: {update_seconds * 1e3:.2f} ms")
+    uncompiled_seconds = time_update(one, config, args.precision, args.reduce_repeats,
+                                     jit_compile=False)
+    progress(started, f"the optimizer's update alone: {update_seconds * 1e3:.2f} ms as one XLA "
+                      f"program, {uncompiled_seconds * 1e3:.2f} ms without XLA")
 
     half = rows // args.replicas  # a replica's share here
     batches = {rows: batch(rows), half: batch(half), share: batch(share)}
@@ -319,7 +327,8 @@ def main():
         "xla_speedup_replicas": (
             round(step[f"{args.replicas}_replicas"] / step[f"{args.replicas}_replicas_xla"], 3)
             if args.xla == "both" else None),
-        "update": {"variables": len(shapes), "seconds": round(update_seconds, 6)},
+        "update": {"variables": len(shapes), "seconds": round(update_seconds, 6),
+                   "uncompiled_seconds": round(uncompiled_seconds, 6)},
         # The replicas' step on the one card, against their shares of the batch run
         # one after the other on one device: what the all-reduce, the update outside
         # XLA and the split add there, less what overlaps (negative where the

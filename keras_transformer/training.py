@@ -67,7 +67,8 @@ def compile_for_training(model, label_smoothing=0.1, warmup_steps=4000, learning
                             (learning_rate_scale, "learning_rate_scale")))
     schedule = TransformerSchedule(model.config.d_model, warmup_steps, learning_rate_scale)
     model.compile(
-        optimizer=adam(schedule, accumulate_steps),
+        # Under XLA on several devices, each device's update as one program too.
+        optimizer=adam(schedule, accumulate_steps, jit_compile=jit_compile is True),
         loss=LabelSmoothedCrossEntropy(label_smoothing),
         metrics=[TokenAccuracy(), Perplexity(), TargetTokens()],
         jit_compile=jit_compile,

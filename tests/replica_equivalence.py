@@ -16,7 +16,9 @@ starts):
         is the first GPU, TF32 off.
 Any of them with a last argument `--xla`: both models compiled with
 jit_compile=True (on the strategy, XLA compiles each replica's step:
-`distributed.MultiWorkerModel.compile`).
+`distributed.MultiWorkerModel.compile`). With `--adam` as well: the paper's
+optimizer (`optimizers.Adam`, its epsilon raised, see `main`) instead of SGD, its
+update compiled with the steps (on the strategy, one XLA program per device).
 """
 
 import json
@@ -55,13 +57,14 @@ def make_strategy(mode, args):
     return tf.distribute.MultiWorkerMirroredStrategy()
 
 
-def main(mode, args, xla=False):
+def main(mode, args, xla=False, adam=False):
     # The strategy first: collectives must be configured before any other op runs.
     strategy = make_strategy(mode, args)
     import keras
     import numpy as np
 
     import keras_transformer as kt
+    from keras_transformer import optimizers
 
     rng = np.random.RandomState(0)
     # 32 pairs of very different lengths: replicas see different token counts.
@@ -87,9 +90,13 @@ def main(mode, args, xla=False):
             model.set_weights(initial_weights)
             # SGD, not Adam: Adam's first updates are about lr * sign(gradient), which
             # turns rounding-level gradients into lr-sized steps and hides what we
-            # compare, the gradients.
+            # compare, the gradients. With --adam, an epsilon of 1e-3 (the paper's
+            # 1e-9 would do that) to compare the update itself.
+            schedule = kt.TransformerSchedule(32, 10, scale=50.0 if not adam else 0.5)
+            optimizer = (optimizers.Adam(schedule, jit_compile=xla, epsilon=1e-3) if adam
+                         else keras.optimizers.SGD(schedule))
             model.compile(
-                optimizer=keras.optimizers.SGD(kt.TransformerSchedule(32, 10, scale=50.0)),
+                optimizer=optimizer,
                 loss=kt.LabelSmoothedCrossEntropy(),
                 jit_compile=xla,
             )
@@ -117,9 +124,12 @@ def main(mode, args, xla=False):
         # How the strategy's step was compiled: by replica with --xla.
         "replica_jit_compile": model.replica_jit_compile,
         "jit_compile": model.jit_compile,
+        # With --adam --xla: the devices whose update XLA compiled, one program each.
+        "compiled_updates": [function.experimental_get_tracing_count() for function in
+                             getattr(model.optimizer, "_device_updates", {}).values()],
     }))
 
 
 if __name__ == "__main__":
-    arguments = [argument for argument in sys.argv[2:] if argument != "--xla"]
-    main(sys.argv[1], arguments, xla="--xla" in sys.argv[2:])
+    arguments = [argument for argument in sys.argv[2:] if argument not in ("--xla", "--adam")]
+    main(sys.argv[1], arguments, xla="--xla" in sys.argv[2:], adam="--adam" in sys.argv[2:])

@@ -364,6 +364,7 @@ def test_allreduce_times_the_replicas_against_one_device():
         kt.TransformerConfig.tiny(300)).trainable_weights)
     update = report["update"]["seconds"]
     assert 0 < update < steps["one_device"]["seconds_per_step"]  # the step holds an update
+    assert 0 < report["update"]["uncompiled_seconds"] < steps["one_device"]["seconds_per_step"]
     card = report["on_one_card"]
     assert card["added_seconds"] == pytest.approx(
         steps["2_replicas_xla"]["seconds_per_step"]

@@ -62,20 +62,43 @@ def test_a_saved_model_loads_with_its_optimizer(tmp_path):
     assert [m.name for m in loaded.metrics] == [m.name for m in model.metrics]
 
 
+@pytest.mark.parametrize("jit_compile", [True, False, "auto"])
+def test_the_update_is_compiled_where_the_steps_are(jit_compile):
+    """train's optimizer compiles its update on mirrored variables exactly when the
+    steps are compiled (`jit_compile=True`), and keeps that through its config."""
+    import keras_transformer as kt
+    from keras_transformer import optimizers
+    from keras_transformer import training
+
+    for accumulate_steps in (1, 2):
+        model = kt.build_transformer(kt.TransformerConfig.tiny(60, d_model=16, d_ff=32))
+        training.compile_for_training(model, jit_compile=jit_compile,
+                                      accumulate_steps=accumulate_steps)
+        optimizer = model.optimizer
+        assert isinstance(optimizer, optimizers.Adam)
+        assert optimizer.jit_compile is (jit_compile is True)
+        assert type(optimizer).from_config(optimizer.get_config()).jit_compile is (
+            jit_compile is True)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("replicas, xla", [(8, False), (2, True)], ids=["8", "2-xla"])
-def test_mirrored_replicas_equal_one_device(replicas, xla):
+@pytest.mark.parametrize("replicas, flags", [(8, []), (2, ["--xla"]), (2, ["--xla", "--adam"])],
+                         ids=["8", "2-xla", "2-xla-adam"])
+def test_mirrored_replicas_equal_one_device(replicas, flags):
     """Logical CPU replicas make the same two updates as one device (separate
     process: logical devices must be configured before TensorFlow starts); with
     XLA, each replica's step compiled apart (Keras's one program for all of them
-    fails: "Trying to access resource ... located in device CPU:1")."""
+    fails: "Trying to access resource ... located in device CPU:1"), and with the
+    paper's Adam, each device's update one XLA program, traced once."""
     output = subprocess.run(
-        [sys.executable, SCRIPT, "mirrored", str(replicas), *["--xla"] * xla],
+        [sys.executable, SCRIPT, "mirrored", str(replicas), *flags],
         capture_output=True, text=True, env=ENV, check=True, timeout=600,
     ).stdout
     report = last_json_line(output)
     check_equal_to_one_device(report, num_replicas=replicas)
+    xla = "--xla" in flags
     assert report["replica_jit_compile"] == xla and report["jit_compile"] is False
+    assert report["compiled_updates"] == ([1] * replicas if "--adam" in flags else [])
 
 
 def free_ports(count):
