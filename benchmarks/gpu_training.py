@@ -124,6 +124,7 @@ def train_xla_flags():
 
 
 TIMES = ("median_step_seconds", "dev_pass_seconds", "checkpoint_seconds")
+STEP_TIMES = ("mean_step_seconds", "slowest_step_seconds")
 
 
 def logged_intervals(run_dir):
@@ -138,7 +139,7 @@ def logged_intervals(run_dir):
                  "target_tokens_per_second": float(row["target_tokens_per_second"]),
                  **{key: round(float(row[key]), 4) for key in ("loss", "val_loss")
                     if row.get(key)},
-                 **{key: float(row[key]) for key in TIMES if row.get(key)}}
+                 **{key: float(row[key]) for key in TIMES + STEP_TIMES if row.get(key)}}
                 for row in csv.DictReader(f) if row.get("target_tokens_per_second")]
 
 
@@ -147,7 +148,8 @@ def interval_split(rows):
     over `rows` (each after the first of its run): `wall` (from the last interval's
     end), `steps` (its steps' median times their number), `dev_pass`, `checkpoint`,
     and `between` (the rest: the time between steps, and fit's work at the epoch's
-    ends)."""
+    ends); where log.csv has them, `steps_by_mean` (its steps' mean times their number:
+    above `steps` where a few steps are slow) and `slowest_step`."""
     parts = []
     for before, row in zip(rows, rows[1:]):
         if not all(key in row for key in TIMES):
@@ -158,9 +160,14 @@ def interval_split(rows):
                       "checkpoint": row["checkpoint_seconds"],
                       "between": wall - steps - row["dev_pass_seconds"]
                       - row["checkpoint_seconds"]})
+        if all(key in row for key in STEP_TIMES):
+            parts[-1].update(steps_by_mean=(row["step"] - before["step"])
+                             * row["mean_step_seconds"],
+                             slowest_step=row["slowest_step_seconds"])
     if not parts:
         return None
-    return {key: round(statistics.median(part[key] for part in parts), 3) for key in parts[0]}
+    return {key: round(statistics.median(part[key] for part in parts), 3) for key in parts[0]
+            if all(key in part for part in parts)}
 
 
 def torch_comparison(args, shape):

@@ -28,8 +28,9 @@ class TrainingClock(keras.callbacks.Callback):
     nearest the budget (`over_budget`); adds `step`, `cpu_seconds`, `elapsed_seconds` (since
     `start`, default now) and, where the model counts `target_tokens`,
     `target_tokens_per_second` (over the wall-clock time of the epoch's steps, its
-    dev pass left out), `median_step_seconds` (wall clock) and, after a dev pass,
-    `dev_pass_seconds` to the epoch logs, and times each step for `plan`.
+    dev pass left out), `median_step_seconds`, `mean_step_seconds` and
+    `slowest_step_seconds` (wall clock) and, after a dev pass, `dev_pass_seconds` to the
+    epoch logs, and times each step for `plan`.
 
     Args:
         budget_seconds: stop once the clock has run this long since `start`
@@ -118,7 +119,10 @@ class TrainingClock(keras.callbacks.Callback):
             # logs: the whole step where a callback reads every step's logs, as
             # train's do), its dev pass (and StepCheckpoint's checkpoint_seconds).
             if self._epoch_steps_wall:
-                logs["median_step_seconds"] = round(float(np.median(self._epoch_steps_wall)), 5)
+                walls = self._epoch_steps_wall
+                logs["median_step_seconds"] = round(float(np.median(walls)), 5)
+                logs["mean_step_seconds"] = round(float(np.mean(walls)), 5)
+                logs["slowest_step_seconds"] = round(float(np.max(walls)), 5)
             if self._dev_seconds is not None:
                 logs["dev_pass_seconds"] = round(self._dev_seconds, 3)
             logs["cpu_seconds"] = round(time.process_time(), 2)

@@ -191,7 +191,12 @@ def compile_ahead(model, batches, dev_batches=(), workers=None):
             (`TrainingBatches.example_batch`).
         dev_batches: one dev batch of each shape (`one_batch_per_shape`).
         workers: steps run at a time; default: one per CPU core.
+
+    Returns:
+        The seconds spent before the steps ran: building the optimizer's and metrics'
+        variables and tracing the step functions (0 with no batches).
     """
+    started = time.monotonic()
     strategy = model.distribute_strategy
     if strategy.num_replicas_in_sync > 1:
         raise ValueError(
@@ -199,7 +204,7 @@ def compile_ahead(model, batches, dev_batches=(), workers=None):
             f"{strategy.num_replicas_in_sync} replicas, whose steps compile as they come")
     batches, dev_batches = list(batches), list(dev_batches)
     if not batches and not dev_batches:
-        return
+        return 0.0
     model._maybe_symbolic_build(data_batch=(batches or dev_batches)[0])
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
@@ -227,6 +232,7 @@ def compile_ahead(model, batches, dev_batches=(), workers=None):
             iterator = iter(strategy.experimental_distribute_dataset(dataset))
             jobs += [(function, iterator)] * len(group)
     workers = workers or os.cpu_count() or 1
+    traced = time.monotonic() - started
     logger, overlapping = tf.get_logger(), _OverlappingCallsFilter()
     logger.addFilter(overlapping)
     try:
@@ -237,6 +243,7 @@ def compile_ahead(model, batches, dev_batches=(), workers=None):
         logger.removeFilter(overlapping)
     for variable, value in zip(state, saved):
         variable.assign(value)
+    return traced
 
 
 class _OverlappingCallsFilter(logging.Filter):

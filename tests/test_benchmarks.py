@@ -330,6 +330,9 @@ def test_gpu_training_reads_the_runs_as_their_logs_say(tmp_path):
     assert split["steps"] == pytest.approx(
         20 * statistics.median(float(row["median_step_seconds"]) for row in rows[2:]), abs=1e-3)
     assert 0 < split["steps"] < split["wall"] and split["dev_pass"] > 0
+    assert split["steps_by_mean"] == pytest.approx(
+        20 * statistics.median(float(row["mean_step_seconds"]) for row in rows[2:]), abs=1e-3)
+    assert 0 < split["slowest_step"] < split["wall"]
     assert split["wall"] == pytest.approx(
         split["steps"] + split["dev_pass"] + split["checkpoint"] + split["between"], abs=5e-3)
 

@@ -1,5 +1,6 @@
 import math
 import os
+import time
 
 import keras
 import numpy as np
@@ -156,6 +157,7 @@ def test_tokens_a_second_count_the_steps_and_not_the_dev_pass(monkeypatch):
     clock.on_epoch_end(0, logs)
     assert logs["target_tokens_per_second"] == 123456.0 / 4
     assert logs["median_step_seconds"] == 1.5 and logs["dev_pass_seconds"] == 6.0
+    assert logs["mean_step_seconds"] == round(4 / 3, 5) and logs["slowest_step_seconds"] == 2.0
     clock.on_epoch_begin(1)  # an interval without a dev pass logs none
     clock.on_epoch_end(1, quiet := {})
     assert "dev_pass_seconds" not in quiet and "median_step_seconds" not in quiet
@@ -339,7 +341,10 @@ def test_compiling_ahead_leaves_training_as_it_was(tokenizer, xla_on_cpu, monkey
         training.compile_for_training(model, warmup_steps=10, jit_compile=True,
                                       accumulate_steps=2)
         if ahead:  # one dev shape: alone, its batch keeps a known shape unless made unknown
-            training.compile_ahead(model, examples, dev_examples[:1], workers=3)
+            started = time.monotonic()
+            traced_seconds = training.compile_ahead(model, examples, dev_examples[:1], workers=3)
+            # Building and tracing come before the compilations, within the call.
+            assert 0 < traced_seconds < time.monotonic() - started
             # Each step traced once, for a batch of unknown shape, as `fit` calls it:
             # a step traced for a known shape would be compiled under another name.
             assert sorted(traced) == ["test", "train"], traced

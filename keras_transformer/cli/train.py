@@ -303,10 +303,11 @@ def compile_steps(model, train_batches, dev_batches, config):
           f"step for {_counted(len(dev), 'shape')}, {workers} at a time (XLA, once a run"
           f"{'; kept in --compilation-cache' if config.compilation_cache else ''})...",
           flush=True)
-    training.compile_ahead(
+    traced = training.compile_ahead(
         model, [train_batches.example_batch(shape, config.accumulate_steps) for shape in shapes],
         dev, workers)
-    print(f"Compiled in {time.monotonic() - start:.0f} s.", flush=True)
+    print(f"Compiled in {time.monotonic() - start:.0f} s ({traced:.0f} s of it building and "
+          f"tracing the steps).", flush=True)
     return 0
 
 
