@@ -30,10 +30,9 @@ logical devices:
    batch (measured, with XLA unless `--xla off`), plus the update outside the step
    (with XLA: its own program), plus a ring all-reduce of the gradient bytes over
    `--link-gb-s` (NVLink 4 on an H100 SXM: 450 GB/s each way, the datasheet's 900 GB/s
-   in both): 2 (n - 1) / n x
-   bytes / bandwidth; nothing of it overlapping, so an upper bound. Both ways of
-   using 8 GPUs: the paper's (its batch split 8 ways) and train's (`--tokens-per-batch`
-   is per replica: 8 whole batches a step).
+   in both): 2 (n - 1) / n x bytes / bandwidth; nothing of it overlapping, so an upper
+   bound. Both ways of using 8 GPUs: the paper's (its batch split 8 ways) and train's
+   (`--tokens-per-batch` is per replica: 8 whole batches a step).
    On the one card, the replicas' step less the replicas' shares run one after the
    other on one device (`on_one_card`) checks what the all-reduce and the update add
    there; it is no projection, since the replicas share the card.
