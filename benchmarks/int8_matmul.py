@@ -12,6 +12,13 @@ are quantized once, per tensor; activations on each call, per tensor and symmetr
 timed with the product. The environment is the decoding commands' for searches side
 by side (`cli.common.start_decoding`): one intra-op thread, oneDNN on, weights frozen.
 
+Held to AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`, the AVX2-only CPU's stand-in), float32 and
+`onednn_int8` run oneDNN's AVX2 kernels, as on that CPU; `xla_int8` does not: XLA
+runs its int8 dot with YNNPACK, which picks its kernel for the CPU it finds
+(`ynn::dot_int8_int8_int32_..._avx512bw` on an AVX-512 CPU, under that limit and under
+`XLA_FLAGS=--xla_cpu_max_isa=AVX2` alike, 2026-11-27), so its figure there is the
+AVX-512 CPU's. bfloat16 is left out where oneDNN may not use bfloat16 instructions.
+
     python benchmarks/int8_matmul.py                 # base model, 64 rows (32 x beam 4 / 2 searches)
     python benchmarks/int8_matmul.py --rows 128
 
@@ -36,14 +43,23 @@ ENVIRONMENT = set_decoding_environment(parallel_searches=2)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from keras_transformer.hardware import has_bfloat16_instructions  # noqa: E402
 from machine import cpu_flags  # noqa: E402
 
 
 # The int8 products timed: oneDNN's quantized kernel, and XLA's int8 dot.
-# bfloat16 (oneDNN's, as a bfloat16 export multiplies) is timed too: on a CPU that
-# has bfloat16 instructions (hardware.has_bfloat16_instructions), it is the
+# bfloat16 (oneDNN's, as a bfloat16 export multiplies) is timed too where the CPU
+# has bfloat16 instructions (hardware.has_bfloat16_instructions): there it is the
 # product int8 must beat.
 VARIANTS = ("onednn_int8", "xla_int8", "bfloat16")
+
+
+def variants(flags):
+    """The variants timed on a CPU of `flags` (`cpu_flags()`): bfloat16 only where
+    oneDNN may use bfloat16 instructions. Held below them (`ONEDNN_MAX_CPU_ISA=AVX2`,
+    the AVX2 stand-in) TensorFlow still hands oneDNN a bfloat16 product, which it
+    refuses by aborting the process."""
+    return VARIANTS if has_bfloat16_instructions(flags) else VARIANTS[:2]
 
 
 def decoder_step_products(d_model, d_ff, vocab_size, layers):
@@ -60,9 +76,9 @@ def decoder_step_products(d_model, d_ff, vocab_size, layers):
 
 
 def quantized_product(weights):
-    """`(float32, onednn_int8, xla_int8, bfloat16)`: functions multiplying
-    `[rows, inputs]` by `weights`, the middle two through int8 weights and
-    activations, the last in bfloat16 (activations cast on each call). Each adds
+    """`{variant: function}` for "float32" and each of `VARIANTS`: functions
+    multiplying `[rows, inputs]` by `weights`, the int8 ones through int8 weights
+    and activations, bfloat16's with activations cast on each call. Each adds
     a bias, as a search's products do (the layers' own, and the output layer's
     zeros, `serving.Translator.output_bias`): oneDNN then runs its fused kernel,
     which keeps a packed kernel across calls, where a plain product packs it
@@ -109,7 +125,8 @@ def quantized_product(weights):
         return tf.cast(tf.matmul(tf.cast(x, tf.bfloat16), kernel_bfloat16) + bias_bfloat16,
                        tf.float32)
 
-    return float32, onednn_int8, xla_int8, bfloat16
+    return {"float32": float32, "onednn_int8": onednn_int8, "xla_int8": xla_int8,
+            "bfloat16": bfloat16}
 
 
 def seconds_per_call(fn, x, repeats, min_seconds):
@@ -144,18 +161,21 @@ def main():
     args = parser.parse_args()
 
     rng = np.random.default_rng(args.seed)
-    products, totals = [], dict.fromkeys(("float32",) + VARIANTS, 0.0)
+    flags = cpu_flags()
+    timed = variants(flags)
+    products, totals = [], dict.fromkeys(("float32",) + timed, 0.0)
     for name, inputs, outputs, count in decoder_step_products(
             args.d_model, args.d_ff, args.vocab_size, args.layers):
         weights = (rng.standard_normal((inputs, outputs)) / np.sqrt(inputs)).astype(np.float32)
         x = tf.constant(rng.standard_normal((args.rows, inputs)).astype(np.float32))
-        functions = dict(zip(("float32",) + VARIANTS, quantized_product(weights)))
+        functions = {variant: function for variant, function in quantized_product(weights).items()
+                     if variant in totals}
         exact = functions["float32"](x)
         seconds = {variant: seconds_per_call(fn, x, args.repeats, args.min_seconds)
                    for variant, fn in functions.items()}
         product = {"name": name, "shape": [args.rows, inputs, outputs], "per_step": count,
                    "float32_seconds": round(seconds["float32"], 7)}
-        for variant in VARIANTS:
+        for variant in timed:
             approximate = functions[variant](x)
             totals[variant] += count * seconds[variant]
             product[variant] = {
@@ -166,17 +186,17 @@ def main():
         totals["float32"] += count * seconds["float32"]
         products.append(product)
         print(f"int8_matmul: {name} {args.rows}x{inputs}x{outputs}: " + ", ".join(
-            f"{variant} {product[variant]['speedup']:.2f}x" for variant in VARIANTS),
+            f"{variant} {product[variant]['speedup']:.2f}x" for variant in timed),
             file=sys.stderr, flush=True)
     report = {
         "benchmark": "int8_matmul",
         "settings": {key: getattr(args, key) for key in
                      ("rows", "d_model", "d_ff", "vocab_size", "layers", "repeats")},
-        "machine": {**cpu_flags(), "tensorflow": tf.__version__, **ENVIRONMENT},
+        "machine": {**flags, "tensorflow": tf.__version__, **ENVIRONMENT},
         "products": products,
         "step_seconds": {variant: round(total, 6) for variant, total in totals.items()},
         **{f"step_speedup_{variant}": round(totals["float32"] / totals[variant], 3)
-           for variant in VARIANTS},
+           for variant in timed},
     }
     print(json.dumps(report, indent=2))
 

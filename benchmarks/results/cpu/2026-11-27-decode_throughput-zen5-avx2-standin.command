@@ -1,0 +1,1 @@
+ONEDNN_MAX_CPU_ISA=AVX2 CT2_FORCE_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python benchmarks/decode_throughput.py --variants graph --compare-ctranslate2 --repeats 3  # 2-core AMD EPYC Zen 5 held to AVX2 (oneDNN, MKL and CTranslate2), the AVX2-only EPYC's stand-in on this CPU kind, float32 only; the engines' timed calls taking turns

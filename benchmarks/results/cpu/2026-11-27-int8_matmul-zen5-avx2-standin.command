@@ -1,0 +1,1 @@
+ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/int8_matmul.py  # 2-core AMD EPYC Zen 5 held to AVX2, the AVX2-only EPYC's stand-in: float32 and onednn_int8 run oneDNN's AVX2 kernels; xla_int8 runs YNNPACK's AVX-512 kernel (not held), so it is not an AVX2 figure; bfloat16 left out (oneDNN held below it aborts)
