@@ -90,7 +90,9 @@ def assert_mean_of(averaged_path, checkpoint_paths, last):
     [
         (["--strategy", "gpu8"], "strategy must be auto, one_device"),
         (["--model", "huge"], "model must be one of auto, tiny, base"),
-        (["--data", "nowhere/{split}.en,nowhere/{split}.es"], "nowhere/train.en"),
+        (["--data", "nowhere/{split}.en,nowhere/{split}.es"],
+         "nowhere/train.en does not exist or is not a file: the train file of --data"),
+        (["--data", "nowhere/{split}.tsv"], "nowhere/train.tsv does not exist"),
         (["--data", "corpus.en,corpus.es"], "need a '{split}' placeholder"),
         (["--d-model", "256", "--num-heads", "3"], "d_model=256, num_heads=3"),
         (["--num-layers", "0"], "num_layers must be >= 1. Received: num_layers=0"),
@@ -109,11 +111,14 @@ def assert_mean_of(averaged_path, checkpoint_paths, last):
 def test_bad_flags_and_paths_give_one_line(args, message, tmp_path, capsys):
     # In this process (no TensorFlow start-up per case); --verbose keeps stderr as it is.
     assert train.main([*args, "--out", str(tmp_path / "run"), "--verbose"]) == 2
-    stderr = capsys.readouterr().err
+    captured = capsys.readouterr()
+    stderr = captured.err
     lines = [line for line in stderr.splitlines() if line.startswith("keras-transformer train:")]
     assert len(lines) == 1 and message in lines[0], stderr
     assert "Traceback" not in stderr
     assert not os.path.exists(tmp_path / "run")  # refused before writing anything
+    # Refused before the device was probed and described ("Training on CPU ...").
+    assert "Training on" not in captured.out, captured.out
 
 
 @pytest.mark.parametrize("flags, expected", [

@@ -159,6 +159,22 @@ def corpus_splits(data):
     return {"train": "train", "dev": "dev", "test": "test"}
 
 
+def check_corpus_files(data, splits):
+    """Raises ValueError naming the first file of `splits` of a file corpus flag
+    (train --data) that does not exist: checked as the command starts, before
+    TensorFlow does, rather than after the device was probed. The bundled corpus
+    and TFDS have no files to check here."""
+    source = corpus_source(data)
+    if isinstance(source, str) and (source == "bundled" or source.startswith("tfds:")):
+        return
+    for split in splits:
+        for path in (source if isinstance(source, tuple) else (source,)):
+            path = path.replace("{split}", corpus_splits(data)[split])
+            if not os.path.isfile(path):
+                raise ValueError(f"{path} does not exist or is not a file: the {split} "
+                                 f"file of --data {data!r}")
+
+
 def add_config_flags(parser, dataclass, defaults=True, skip=()):
     """A flag for each field of a config dataclass (`--d-model` for `d_model`),
     its help text from the "Args:" section of the class's docstring. With

@@ -22,6 +22,7 @@ import time
 
 from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import add_config_flags
+from keras_transformer.cli.common import check_corpus_files
 from keras_transformer.cli.common import corpus_source
 from keras_transformer.cli.common import corpus_splits
 from keras_transformer.cli.common import quiet_libraries
@@ -195,6 +196,7 @@ def configure(args, fields, model_overrides, explicit):
 
     config, model_config, saved = run_configs.resolve_configs(
         args.out, fields, explicit, model_overrides, args.model_config)
+    check_corpus_files(config.data, ("train", "dev"))
     # The strategy first: a multi-worker one configures collectives, which must
     # happen before TensorFlow runs anything.
     strategy = distributed.make_strategy(config.strategy, tpu=args.tpu)
