@@ -1,0 +1,1 @@
+ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python benchmarks/recipe_curves.py --recipes 4000/1024/0 --cpus 0 --precision float32 --out-dir /tmp/s51/rc/c0  # 2-core AMD EPYC Zen 5, one core held to AVX2 a run (the AVX2-only EPYC's stand-in: a training step 0.966 s against that EPYC's 0.84 s); the 1024- and 2048-token runs side by side, on cores 0 and 1
