@@ -161,9 +161,9 @@ def corpus_splits(data):
 
 def check_corpus_files(data, splits):
     """Raises ValueError naming the first file of `splits` of a file corpus flag
-    (train --data) that does not exist: checked as the command starts, before
-    TensorFlow does, rather than after the device was probed. The bundled corpus
-    and TFDS have no files to check here."""
+    (train --data) that does not exist: checked as the command starts, before the
+    device is probed and described, rather than when the pairs are loaded. The
+    bundled corpus and TFDS have no files to check here."""
     source = corpus_source(data)
     if isinstance(source, str) and (source == "bundled" or source.startswith("tfds:")):
         return
