@@ -133,11 +133,17 @@ def use_compilation_cache(directory):
             f"{os.path.join(directory, 'autotune')}").strip()
 
 
+def is_named_corpus(data):
+    """Whether a corpus flag (train --data, evaluate --test) names the bundled
+    corpus or a TFDS one, rather than files."""
+    return data == "bundled" or data.startswith("tfds:")
+
+
 def corpus_source(data):
     """A corpus flag (train --data, evaluate --test) as the `source` of
     `keras_transformer.data.load_parallel`: 'bundled', 'tfds:NAME[/CONFIG]',
     'SOURCE_FILE,TARGET_FILE' or one tab-separated file; paths may hold '{split}'."""
-    if data == "bundled" or data.startswith("tfds:"):
+    if is_named_corpus(data):
         return data
     paths = data.split(",")
     if len(paths) > 2:
@@ -151,7 +157,7 @@ def corpus_splits(data):
     train/dev/test of the bundled corpus and of files with a '{split}' placeholder."""
     if data.startswith("tfds:"):
         return {"train": "train", "dev": "validation", "test": "test"}
-    if data != "bundled" and "{split}" not in data:
+    if not is_named_corpus(data) and "{split}" not in data:
         raise ValueError(
             f"--data {data!r}: file paths need a '{{split}}' placeholder so that train, dev "
             "and test files can be found, e.g. 'corpus/{split}.en,corpus/{split}.es'"
@@ -164,12 +170,12 @@ def check_corpus_files(data, splits):
     (train --data) that does not exist: checked as the command starts, before the
     device is probed and described, rather than when the pairs are loaded. The
     bundled corpus and TFDS have no files to check here."""
-    source = corpus_source(data)
-    if isinstance(source, str) and (source == "bundled" or source.startswith("tfds:")):
+    if is_named_corpus(data):
         return
+    source, names = corpus_source(data), corpus_splits(data)
     for split in splits:
         for path in (source if isinstance(source, tuple) else (source,)):
-            path = path.replace("{split}", corpus_splits(data)[split])
+            path = path.replace("{split}", names[split])
             if not os.path.isfile(path):
                 raise ValueError(f"{path} does not exist or is not a file: the {split} "
                                  f"file of --data {data!r}")

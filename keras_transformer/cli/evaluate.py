@@ -19,6 +19,7 @@ import sys
 from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import add_decoding_flags
 from keras_transformer.cli.common import corpus_source
+from keras_transformer.cli.common import is_named_corpus
 from keras_transformer.cli.common import parallel_searches
 from keras_transformer.cli.common import start_decoding
 from keras_transformer.decoding_config import REQUEST_SETTINGS
@@ -78,7 +79,7 @@ def load_pairs(args):
     if args.src is not None:
         return data.load_parallel((args.src, args.ref))
     source = corpus_source(args.test)
-    if args.test == "bundled" or args.test.startswith("tfds:"):
+    if is_named_corpus(args.test):
         return data.load_parallel(
             source, args.split, source_language=args.source_language,
             target_language=args.target_language,
