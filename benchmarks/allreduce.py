@@ -15,7 +15,8 @@ logical devices:
    card `HierarchicalCopyAllReduce`: NCCL refuses two replicas on one GPU).
 2. **Training steps** on one global batch of `--tokens-per-batch` // `--length` rows
    (random ids), each called as `fit` calls it (`model.train_function` on an iterator
-   over the distributed dataset), the timed steps of all setups taking turns: the
+   over the distributed dataset), the first steps (their compilations) of all setups
+   side by side, then the timed steps of all setups taking turns: the
    replicas; one device on the whole batch; and one device on a replica's share of the
    batch of `--project-gpus` GPUs. `--xla on` (as train runs: on the replicas XLA
    compiles each replica's step, `distributed.MultiWorkerModel.compile`), `off`, or
@@ -39,6 +40,7 @@ logical devices:
 """
 
 import argparse
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -263,10 +265,16 @@ def main():
                    Setup(f"one_device{suffix}", one, config, batches[rows], args.precision, xla)]
         setups += [Setup(f"one_device_{part}_rows{suffix}", one, config, batches[part],
                          args.precision, xla) for part in sorted({half, share})]
-    for setup in setups:
+    # The first steps compile (about a minute each for the base model on an H200, one
+    # after another 4 minutes); side by side, as train compiles its shapes, in one.
+    def warm_up(setup):
         first = sum(setup.step() for _ in range(args.warmup_steps))
         setup.first_steps_seconds = round(first, 2)
         progress(started, f"{setup.name}: {args.warmup_steps} first steps in {first:.1f} s")
+
+    with concurrent.futures.ThreadPoolExecutor(min(len(setups), os.cpu_count() or 1)) as pool:
+        for done in [pool.submit(warm_up, setup) for setup in setups]:
+            done.result()
     for _ in range(args.steps):  # in turns: a shared machine's load falls on all alike
         for setup in setups:
             setup.times.append(setup.step())

@@ -81,6 +81,39 @@ def test_the_update_is_compiled_where_the_steps_are(jit_compile):
             jit_compile is True)
 
 
+@pytest.mark.parametrize("strategy", ["one_device", "default"])
+def test_each_dev_pass_starts_the_dev_set_once(strategy):
+    """Keras's `evaluate` under a strategy (train's on a GPU) reads a batch of its own
+    from a dev iterator made for it before every dev pass, to build a model that is
+    built already: 1.0 s of each checkpoint interval's 3.0 s of steps on an H200. The
+    dev set's generator counts the iterators made over it."""
+    import keras_transformer as kt
+    from keras_transformer import training
+
+    started = []
+
+    def dev_batches():
+        started.append(1)
+        for _ in range(2):
+            yield inputs, targets
+
+    rows, length = 4, 6
+    inputs = {name: tf.fill([rows, length], 5) for name in ("encoder_inputs", "decoder_inputs")}
+    targets = tf.fill([rows, length], 6)
+    spec = tf.TensorSpec([rows, length], tf.int32)
+    dev = tf.data.Dataset.from_generator(
+        dev_batches, output_signature=({"encoder_inputs": spec, "decoder_inputs": spec}, spec))
+    scope = (tf.distribute.OneDeviceStrategy("/cpu:0") if strategy == "one_device"
+             else tf.distribute.get_strategy())
+    with scope.scope():
+        model = kt.build_transformer(kt.TransformerConfig.tiny(60, d_model=16, d_ff=32))
+        training.compile_for_training(model)
+    model.fit(tf.data.Dataset.from_tensors((inputs, targets)).repeat(), epochs=3,
+              steps_per_epoch=2, validation_data=dev, verbose=0)
+    assert len(started) == 3
+    assert int(model.optimizer.iterations.numpy()) == 6
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("replicas, flags", [(8, []), (2, ["--xla"]), (2, ["--xla", "--adam"])],
                          ids=["8", "2-xla", "2-xla-adam"])
