@@ -1,6 +1,8 @@
 """The paper's optimizer (Sec. 5.3), its update compiled by XLA on each device of a
 `tf.distribute` strategy, and gradient accumulation that works under every strategy."""
 
+import contextlib
+
 import keras
 import tensorflow as tf
 from keras import ops
@@ -58,10 +60,15 @@ class Adam(keras.optimizers.Adam):
         super().__init__(learning_rate=learning_rate, **kwargs)
         self.jit_compile = jit_compile
         self._device_updates = {}  # replica index: its compiled update
+        self._step_sizes = None  # while an update is made: dtype -> its step size
 
     def _distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
         variables = [variable for _, variable in grads_and_vars]
-        if not (self.jit_compile and isinstance(variables[0], tf.distribute.DistributedValues)):
+        if not isinstance(variables[0], tf.distribute.DistributedValues):
+            with self._one_step_size(variables, learning_rate):
+                return super()._distributed_tf_update_step(distribution, grads_and_vars,
+                                                           learning_rate)
+        if not self.jit_compile:
             return super()._distributed_tf_update_step(distribution, grads_and_vars,
                                                        learning_rate)
         # In the cross-replica context, after the all-reduce. As MirroredStrategy's
@@ -80,11 +87,45 @@ class Adam(keras.optimizers.Adam):
         program, traced once for that replica's device."""
         if replica not in self._device_updates:
             def update(gradients, variables, learning_rate):
-                for gradient, variable in zip(gradients, variables):
-                    self.update_step(gradient, variable, learning_rate)
+                with self._one_step_size(variables, learning_rate):
+                    for gradient, variable in zip(gradients, variables):
+                        self.update_step(gradient, variable, learning_rate)
 
             self._device_updates[replica] = tf.function(update, jit_compile=True)
         return self._device_updates[replica]
+
+    @contextlib.contextmanager
+    def _one_step_size(self, variables, learning_rate):
+        """Within it, `update_step` takes Adam's bias-corrected step size, made here
+        once for all `variables` (on one device), instead of making it again for each
+        variable as Keras does: 17 of the 41 graph ops that each variable's update
+        adds, which a run traces and converts for XLA as it starts (the base model's
+        253 variables: about 4300 ops)."""
+        step = ops.cast(self.iterations + 1, "float32")
+        self._step_sizes = {}
+        for dtype in {variable.dtype for variable in variables}:
+            rate = ops.cast(learning_rate, dtype)
+            beta_1_power = ops.power(ops.cast(self.beta_1, dtype), ops.cast(step, dtype))
+            beta_2_power = ops.power(ops.cast(self.beta_2, dtype), ops.cast(step, dtype))
+            self._step_sizes[dtype] = rate * ops.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        try:
+            yield
+        finally:
+            self._step_sizes = None
+
+    def update_step(self, gradient, variable, learning_rate):
+        """Keras's Adam step (Algorithm 1 of Kingma and Ba, with its epsilon-hat),
+        with the step size `_one_step_size` made."""
+        if self._step_sizes is None or self.amsgrad:
+            return super().update_step(gradient, variable, learning_rate)
+        alpha = self._step_sizes[variable.dtype]
+        gradient = ops.cast(gradient, variable.dtype)
+        index = self._get_variable_index(variable)
+        m, v = self._momentums[index], self._velocities[index]
+        self.assign_add(m, ops.multiply(ops.subtract(gradient, m), 1 - self.beta_1))
+        self.assign_add(v, ops.multiply(ops.subtract(ops.square(gradient), v), 1 - self.beta_2))
+        self.assign_sub(variable, ops.divide(ops.multiply(m, alpha),
+                                             ops.add(ops.sqrt(v), self.epsilon)))
 
     def get_config(self):
         return {**super().get_config(), "jit_compile": self.jit_compile}
