@@ -101,6 +101,9 @@ class Adam(keras.optimizers.Adam):
         variable as Keras does: 17 of the 41 graph ops that each variable's update
         adds, which a run traces and converts for XLA as it starts (the base model's
         253 variables: about 4300 ops)."""
+        if self.amsgrad:  # Keras's own update, which makes its own
+            yield
+            return
         step = ops.cast(self.iterations + 1, "float32")
         self._step_sizes = {}
         for dtype in {variable.dtype for variable in variables}:
@@ -116,7 +119,7 @@ class Adam(keras.optimizers.Adam):
     def update_step(self, gradient, variable, learning_rate):
         """Keras's Adam step (Algorithm 1 of Kingma and Ba, with its epsilon-hat),
         with the step size `_one_step_size` made."""
-        if self._step_sizes is None or self.amsgrad:
+        if self._step_sizes is None:
             return super().update_step(gradient, variable, learning_rate)
         alpha = self._step_sizes[variable.dtype]
         gradient = ops.cast(gradient, variable.dtype)
