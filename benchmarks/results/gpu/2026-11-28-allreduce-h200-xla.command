@@ -1,0 +1,1 @@
+STEP_SECONDS=0 COLD_SECONDS=0 ALLREDUCE_SECONDS=240 bash benchmarks/gpu_session.sh  # at 1e15ae2, on the same H200 right after 2026-11-28-gpu_training-h200; runs python3 benchmarks/allreduce.py --xla on --steps 20 under timeout 240, its 4 setups compiled side by side (done at 216 s); its progress lines (stderr) are 2026-11-28-allreduce-h200-xla.log

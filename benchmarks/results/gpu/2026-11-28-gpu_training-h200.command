@@ -1,0 +1,1 @@
+STEP_SECONDS=0 COLD_SECONDS=170 WARM_SECONDS=75 TORCH_SECONDS=0 bash benchmarks/gpu_session.sh  # at 1e15ae2 on a fresh H200 (host: Intel Xeon with AMX), cuBLAS 13 under TensorFlow's 12 soname; the first run after the dev-set fix (daa64f6) and the leaner Adam (816532e). train_cold.log and train_warm.log are 2026-11-28-train-cold-h200.log and 2026-11-28-train-warm-h200.log
