@@ -9,13 +9,16 @@ defect that the suite would let through.
     python scripts/mutation_check.py                 # every mutant, JSON report on stdout
     python scripts/mutation_check.py --list          # their names
     python scripts/mutation_check.py --only causal-mask-one-ahead,padding-in-the-loss
+    python scripts/mutation_check.py --jobs 2        # two mutants at a time, a copy each
 
 Exits 1 when a mutant is missed or stale (its line is no longer in the file).
 Each mutant runs the test files named with it, in a pytest process of its own
 (TensorFlow's start-up, ~15 s, each); the mutants marked slow run a slow test.
 
-In CI as the slow test `tests/test_mutation_check.py::test_every_mutant_is_caught`:
-all 23 were caught in 251 s on 2 cores of an AMD EPYC Zen 4 (2026-11-25; each
+In CI as the slow test `tests/test_mutation_check.py::test_every_mutant_is_caught`,
+two at a time (`--jobs 2`): 158 s on 2 cores of an Intel Xeon with AMX, where one at
+a time took 247 s (2026-11-28). All 23 were caught in 251 s on 2 cores of an AMD
+EPYC Zen 4 (2026-11-25, one at a time; each
 pytest run stops at its first failure, so a caught mutant costs little more than
 TensorFlow's start-up). Two were missed once, and tests were added for them (an
 off-by-one per-row output limit, and the request limits, whose line had been
@@ -23,8 +26,11 @@ stale).
 """
 
 import argparse
+import concurrent.futures
+import contextlib
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -266,6 +272,31 @@ def check_package_is_the_copy(copy):
                            f"{result.stdout.strip() or result.stderr}, not from the copy {copy}")
 
 
+def check_mutant(copy, m, timeout):
+    """Applies mutant `m` to `copy`, runs its tests there and puts the line back;
+    returns its entry of the report."""
+    path = os.path.join(copy, m["path"])
+    try:
+        original = apply(path, m["old"], m["new"])
+    except LookupError as error:
+        print(f"mutation_check: {m['name']}: STALE ({error})", file=sys.stderr, flush=True)
+        return {"name": m["name"], "stale": str(error)}
+    try:
+        began = time.perf_counter()
+        status, summary = run_tests(copy, m["tests"], timeout)
+    finally:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(original)
+    # Exit status 1: a test failed. 2-5 (an error collecting, no test run)
+    # and a timeout do not count as caught.
+    caught = status == 1
+    print(f"mutation_check: {m['name']}: {'caught' if caught else 'MISSED'} ({summary})",
+          file=sys.stderr, flush=True)
+    return {"name": m["name"], "path": m["path"], "tests": m["tests"], "caught": caught,
+            "exit_status": status, "summary": summary,
+            "seconds": round(time.perf_counter() - began, 1)}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", help="comma-separated mutant names")
@@ -275,6 +306,8 @@ def main(argv=None):
                         help="first run every selected test file unmutated (they must pass)")
     parser.add_argument("--list", action="store_true", help="print the mutants' names")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per pytest run")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="mutants checked at a time, each in a copy of its own")
     args = parser.parse_args(argv)
     selected = MUTANTS
     if args.only:
@@ -292,46 +325,41 @@ def main(argv=None):
 
     report = {"mutants": [], "caught": 0, "missed": [], "stale": []}
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="mutation_check-") as copy:
-        copy_repository(copy)
-        check_package_is_the_copy(copy)
+    with contextlib.ExitStack() as stack:
+        # One copy of the repository per job: each job applies its mutant to its own.
+        paths = [stack.enter_context(tempfile.TemporaryDirectory(prefix="mutation_check-"))
+                 for _ in range(max(1, args.jobs))]
+        copies = queue.Queue()
+        for copy in paths:
+            copy_repository(copy)
+            check_package_is_the_copy(copy)
+            copies.put(copy)
         if args.baseline:
             tests = sorted({t for m in selected for t in m["tests"]})
-            status, summary = run_tests(copy, tests, args.timeout * 2)
+            status, summary = run_tests(paths[0], tests, args.timeout * 2)
             report["baseline"] = {"tests": tests, "exit_status": status, "summary": summary}
             if status != 0:
                 print(json.dumps(report, indent=2))
                 print("mutation_check: the unmutated tests fail; fix them first",
                       file=sys.stderr)
                 return 1
-        for m in selected:
-            path = os.path.join(copy, m["path"])
+
+        def check(m):
+            copy = copies.get()
             try:
-                original = apply(path, m["old"], m["new"])
-            except LookupError as error:
-                report["stale"].append(m["name"])
-                report["mutants"].append({"name": m["name"], "stale": str(error)})
-                print(f"mutation_check: {m['name']}: STALE ({error})", file=sys.stderr,
-                      flush=True)
-                continue
-            try:
-                began = time.perf_counter()
-                status, summary = run_tests(copy, m["tests"], args.timeout)
+                return check_mutant(copy, m, args.timeout)
             finally:
-                with open(path, "w", encoding="utf-8") as f:
-                    f.write(original)
-            # Exit status 1: a test failed. 2-5 (an error collecting, no test run)
-            # and a timeout do not count as caught.
-            caught = status == 1
-            report["caught"] += caught
-            if not caught:
-                report["missed"].append(m["name"])
-            report["mutants"].append({
-                "name": m["name"], "path": m["path"], "tests": m["tests"], "caught": caught,
-                "exit_status": status, "summary": summary,
-                "seconds": round(time.perf_counter() - began, 1)})
-            print(f"mutation_check: {m['name']}: {'caught' if caught else 'MISSED'} "
-                  f"({summary})", file=sys.stderr, flush=True)
+                copies.put(copy)
+
+        with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            for result in pool.map(check, selected):  # in the mutants' order
+                if "stale" in result:
+                    report["stale"].append(result["name"])
+                else:
+                    report["caught"] += result["caught"]
+                    if not result["caught"]:
+                        report["missed"].append(result["name"])
+                report["mutants"].append(result)
     report["total"] = len(selected)
     report["seconds"] = round(time.perf_counter() - start, 1)
     print(json.dumps(report, indent=2))

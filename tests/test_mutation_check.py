@@ -48,7 +48,8 @@ def test_every_mutant_is_caught():
     import subprocess
 
     result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "mutation_check.py"),
-                             "--skip-slow"], capture_output=True, text=True, timeout=3000)
+                             "--skip-slow", "--jobs", "2"], capture_output=True, text=True,
+                            timeout=3000)
     report = json.loads(result.stdout)
     assert (report["missed"], report["stale"]) == ([], []), result.stderr[-3000:]
     fast = [m for m in mutation_check.MUTANTS if not m["slow"]]
