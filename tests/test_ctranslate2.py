@@ -96,7 +96,8 @@ def test_same_translations_as_our_beam_search_and_int8_bleu(tmp_path):
     run = str(tmp_path / "run")
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "train.py"), "--model", "cpu-small",
-         "--steps", "300", "--time-budget", "60", "--test-sentences", "0", "--out", run],
+         "--steps", "300", "--time-budget", "60", "--test-sentences", "0",
+         "--alpha-sentences", "0", "--out", run],  # its decoding is set below, not the run's
         env=dict(os.environ, PYTHONPATH=python_path(ROOT)), capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr
     exported = subprocess.run(
