@@ -20,12 +20,18 @@ TIME_BUDGET_CLOCKS = ("wall", "cpu")
 # CPU-minutes (wall-clock minutes count once per core the process may use).
 AUTO_MODEL = "auto"
 _CPU_RECIPES = ((30.0, "cpu-small"), (90.0, "cpu-medium"), (float("inf"), "cpu-large"))
-# Sec. 5.3's warm-up, which a new run of a model of the paper's width (d_model 512 or
-# more) takes unless told otherwise; TrainingConfig's default, 300, is the CPU recipes'
-# (d_model 256). With 300 the base model's learning rate peaks at 2.6e-3, four times the
-# paper's 7e-4, and on an H200 it did not learn (docs/gpu-and-distribution.md).
+# What a new run of a model of the paper's width (d_model PAPER_MIN_D_MODEL or more)
+# without a time budget takes unless told otherwise (`TrainingConfig.for_model`);
+# TrainingConfig's defaults are the CPU recipes' (d_model 256).
+# Sec. 5.3's warm-up. With the default, 300, the base model's learning rate peaks at
+# 2.6e-3, four times the paper's 7e-4, and on an H200 it did not learn
+# (docs/gpu-sessions.md).
 PAPER_WARMUP_STEPS = 4000
-PAPER_WARMUP_MIN_D_MODEL = 512
+# TrainingConfig.paper()'s checkpoint interval (the paper wrote its checkpoints every 10
+# minutes). With the default, 250, the base model's dev pass and checkpoint would take
+# 22% of an H200's wall clock, with 1000 7% (docs/gpu-and-distribution.md).
+PAPER_CHECKPOINT_EVERY = 1000
+PAPER_MIN_D_MODEL = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,10 +280,13 @@ class TrainingConfig:
             `scale * (d_model * warmup_steps)^-0.5` (3.6e-3 for d_model 256).
             The default, 300, is the CPU recipes'; a new run of a model with
             d_model 512 or more without a time budget takes the paper's 4000
-            (`warmup_steps_for`), and a time budget plans its own.
+            (`for_model`), and a time budget plans its own.
         learning_rate_scale: constant factor on the schedule (paper: 1).
         checkpoint_every: steps between checkpoints, dev-loss evaluations and
-            log lines (planned from the budget when there is one).
+            log lines (planned from the budget when there is one). The default,
+            250, is the CPU recipes'; a new run of a model with d_model 512 or
+            more without a time budget takes the paper recipe's 1000
+            (`for_model`).
         keep_checkpoints: checkpoints kept on disk.
         average_last: checkpoints averaged into the final weights (paper: 5
             base, 20 big).
@@ -404,7 +413,7 @@ class TrainingConfig:
             data="tfds:wmt14_translate/de-en", model=model, vocab_size=37000,
             vocab_sentences=2_000_000, steps=300_000 if big else 100_000,
             tokens_per_batch=25000, max_sentence_tokens=256, warmup_steps=PAPER_WARMUP_STEPS,
-            learning_rate_scale=1.0, checkpoint_every=1000,
+            learning_rate_scale=1.0, checkpoint_every=PAPER_CHECKPOINT_EVERY,
             keep_checkpoints=20 if big else 5, average_last=20 if big else 5,
             bleu_every=10_000, bleu_sentences=500, test_sentences=1_000_000,
         )
@@ -418,10 +427,18 @@ class TrainingConfig:
     def from_dict(cls, values):
         return _from_dict(cls, values)
 
-    def warmup_steps_for(self, model_config):
-        """The warm-up of a new run of `model_config` whose `warmup_steps` was not
-        given: the paper's 4000 for a model of its width (d_model 512 or more)
-        without a time budget, else `warmup_steps`."""
-        if model_config.d_model >= PAPER_WARMUP_MIN_D_MODEL and not self.time_budget:
-            return PAPER_WARMUP_STEPS
-        return self.warmup_steps
+    def for_model(self, model_config, explicit=()):
+        """This config for a new run of `model_config`: a model of the paper's width
+        (d_model 512 or more) without a time budget takes the paper's warm-up (4000)
+        and checkpoint interval (1000) where `explicit`, the fields given, does not
+        name them, the interval only where `bleu_every` stays a multiple of it. The
+        defaults, 300 and 250, are the CPU recipes'; a time budget plans both."""
+        if model_config.d_model < PAPER_MIN_D_MODEL or self.time_budget:
+            return self
+        changes = {}
+        if "warmup_steps" not in explicit:
+            changes["warmup_steps"] = PAPER_WARMUP_STEPS
+        if ("checkpoint_every" not in explicit
+                and self.bleu_every % PAPER_CHECKPOINT_EVERY == 0):
+            changes["checkpoint_every"] = PAPER_CHECKPOINT_EVERY
+        return dataclasses.replace(self, **changes)

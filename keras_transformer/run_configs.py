@@ -44,8 +44,8 @@ def resolve_configs(run_dir, fields, explicit, model_overrides=None, model_confi
         init_source(config.init_from)  # refused before any work
     model_config = _model_config(config, model_overrides or {}, model_config_file, saved,
                                  "model" in explicit, cores)
-    if saved is None and "warmup_steps" not in explicit:
-        config = dataclasses.replace(config, warmup_steps=config.warmup_steps_for(model_config))
+    if saved is None:
+        config = config.for_model(model_config, explicit)
     return config, model_config, saved
 
 

@@ -188,8 +188,8 @@ MUTANTS = [
             "test_a_second_run_and_a_resumed_one_load_what_xla_compiled"], slow=True),
     # A model of the paper's width trained with the CPU recipes' warm-up.
     mutant("paper-width-gets-the-cpu-warm-up", "keras_transformer/config.py",
-           "if model_config.d_model >= PAPER_WARMUP_MIN_D_MODEL and not self.time_budget:",
-           "if model_config.d_model > PAPER_WARMUP_MIN_D_MODEL and not self.time_budget:",
+           "if model_config.d_model < PAPER_MIN_D_MODEL or self.time_budget:",
+           "if model_config.d_model <= PAPER_MIN_D_MODEL or self.time_budget:",
            ["tests/test_runs.py::test_a_new_run_of_the_papers_width_takes_its_warm_up"]),
     # `int | None` flags (--key-dim, --value-dim) parsed as strings.
     mutant("optional-int-flags-as-strings", "keras_transformer/cli/common.py",

@@ -76,6 +76,28 @@ def test_a_new_run_of_the_papers_width_takes_its_warm_up(tmp_path):
     assert run_configs.resolve_configs(run, fields, {"model"})[0].warmup_steps == 300
 
 
+def test_a_new_run_of_the_papers_width_checkpoints_as_its_recipe(tmp_path):
+    """train's default interval (250) is the CPU recipes'; a model of d_model 512 or
+    more checkpoints every 1000 steps, as `TrainingConfig.paper()`, unless told, or
+    unless a time budget plans it, or `bleu_every` would no longer be a multiple."""
+    def every(model, explicit=(), **fields):
+        fields = TrainingConfig(model=model, **fields).to_dict()
+        return run_configs.resolve_configs(str(tmp_path / "new"), fields,
+                                           {"model", *explicit})[0].checkpoint_every
+
+    assert every("base") == every("big") == TrainingConfig.paper().checkpoint_every == 1000
+    assert every("base", {"checkpoint_every"}, checkpoint_every=250) == 250
+    assert every("cpu-small") == every("tiny") == 250
+    assert every("base", {"time_budget"}, time_budget=5.0) == 250  # the budget plans it
+    assert every("base", {"bleu_every"}, bleu_every=500) == 250
+    assert every("base", {"bleu_every"}, bleu_every=2000) == 1000
+    run = str(tmp_path / "run")  # a resumed run keeps what it was started with
+    fields = TrainingConfig(model="base").to_dict()
+    config, model_config, _ = run_configs.resolve_configs(run, fields, {"model", "checkpoint_every"})
+    runs.Run(run).write_config(model_config, config)
+    assert run_configs.resolve_configs(run, fields, {"model"})[0].checkpoint_every == 250
+
+
 def test_a_swapped_vocabulary_is_refused_on_resume(tmp_path, model, tokenizer):
     run = make_run_dir(tmp_path / "run", tokenizer, model)
     saved = runs.Run(run).read_config()
@@ -122,3 +144,22 @@ def test_checkpoints_are_listed_by_step_and_removed_with_their_random_state(tmp_
     aside = checkpoints.set_aside(checkpoints.path(100))
     assert aside == checkpoints.path(100) + ".unreadable" and os.path.exists(aside)
     assert [step for step, _ in checkpoints.list()] == [20]
+
+
+def test_train_says_which_of_the_papers_settings_a_new_run_took(tmp_path, capsys):
+    from keras_transformer.cli import train
+
+    def said(explicit=(), **given):
+        fields = TrainingConfig(model="base", **given).to_dict()
+        config, model_config, _ = run_configs.resolve_configs(
+            str(tmp_path / "new"), fields, {"model", *explicit})
+        train.print_paper_settings(config, fields, model_config.d_model)
+        return capsys.readouterr().out.strip()
+
+    assert said() == ("Warm-up 4000 steps and a checkpoint and dev pass every 1000 steps: the "
+                      "paper's for a model of d_model 512 (--warmup-steps and "
+                      "--checkpoint-every set others).")
+    assert said({"warmup_steps"}, warmup_steps=300) == (
+        "A checkpoint and dev pass every 1000 steps: the paper's for a model of d_model 512 "
+        "(--checkpoint-every sets another).")
+    assert said({"warmup_steps", "checkpoint_every"}, warmup_steps=300) == ""

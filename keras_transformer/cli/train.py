@@ -206,9 +206,8 @@ def configure(args, fields, model_overrides, explicit):
     device = hardware.detect(strategy, measure_matmuls=hardware.uses_measured_matmuls(config))
     config, device_line = hardware.resolve(config, device)
     print(device_line, flush=True)
-    if saved is None and config.warmup_steps != fields["warmup_steps"]:
-        print(f"Warm-up: {config.warmup_steps} steps, the paper's for a model of d_model "
-              f"{model_config.d_model} (--warmup-steps sets another).", flush=True)
+    if saved is None:
+        print_paper_settings(config, fields, model_config.d_model)
     keras.utils.set_random_seed(config.seed)
     training.set_precision(config.precision)
     # A budget on a CPU: the vocabulary and batches that this CPU's speed affords.
@@ -219,6 +218,21 @@ def configure(args, fields, model_overrides, explicit):
             keep_dropout="dropout_rate" in model_overrides or args.model_config is not None)
         print(recipe_line, flush=True)
     return config, model_config, saved, strategy
+
+
+def print_paper_settings(config, fields, d_model):
+    """Says which of the paper's settings a new run of a model of its width took
+    in place of train's defaults (`TrainingConfig.for_model`)."""
+    taken = [(f"warm-up {config.warmup_steps} steps", "--warmup-steps")
+             if config.warmup_steps != fields["warmup_steps"] else None,
+             (f"a checkpoint and dev pass every {config.checkpoint_every} steps",
+              "--checkpoint-every")
+             if config.checkpoint_every != fields["checkpoint_every"] else None]
+    taken = [item for item in taken if item]
+    if taken:
+        print(f"{' and '.join(what for what, _ in taken).capitalize()}: the paper's for a model "
+              f"of d_model {d_model} ({' and '.join(flag for _, flag in taken)} "
+              f"{'sets another' if len(taken) == 1 else 'set others'}).", flush=True)
 
 
 def load_pairs(config, split):
