@@ -32,6 +32,9 @@ PAPER_WARMUP_STEPS = 4000
 # 22% of an H200's wall clock, with 1000 7% (docs/gpu-and-distribution.md).
 PAPER_CHECKPOINT_EVERY = 1000
 PAPER_MIN_D_MODEL = 512
+# TrainingConfig field: the value such a run takes.
+PAPER_WIDTH_SETTINGS = {"warmup_steps": PAPER_WARMUP_STEPS,
+                        "checkpoint_every": PAPER_CHECKPOINT_EVERY}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -435,10 +438,8 @@ class TrainingConfig:
         defaults, 300 and 250, are the CPU recipes'; a time budget plans both."""
         if model_config.d_model < PAPER_MIN_D_MODEL or self.time_budget:
             return self
-        changes = {}
-        if "warmup_steps" not in explicit:
-            changes["warmup_steps"] = PAPER_WARMUP_STEPS
-        if ("checkpoint_every" not in explicit
-                and self.bleu_every % PAPER_CHECKPOINT_EVERY == 0):
-            changes["checkpoint_every"] = PAPER_CHECKPOINT_EVERY
+        changes = {name: value for name, value in PAPER_WIDTH_SETTINGS.items()
+                   if name not in explicit}
+        if self.bleu_every % changes.get("checkpoint_every", 1):
+            del changes["checkpoint_every"]
         return dataclasses.replace(self, **changes)

@@ -221,18 +221,22 @@ def configure(args, fields, model_overrides, explicit):
 
 
 def print_paper_settings(config, fields, d_model):
-    """Says which of the paper's settings a new run of a model of its width took
-    in place of train's defaults (`TrainingConfig.for_model`)."""
-    taken = [(f"warm-up {config.warmup_steps} steps", "--warmup-steps")
-             if config.warmup_steps != fields["warmup_steps"] else None,
-             (f"a checkpoint and dev pass every {config.checkpoint_every} steps",
-              "--checkpoint-every")
-             if config.checkpoint_every != fields["checkpoint_every"] else None]
-    taken = [item for item in taken if item]
-    if taken:
-        print(f"{' and '.join(what for what, _ in taken).capitalize()}: the paper's for a model "
-              f"of d_model {d_model} ({' and '.join(flag for _, flag in taken)} "
-              f"{'sets another' if len(taken) == 1 else 'set others'}).", flush=True)
+    """Says which of the paper's settings (`config.PAPER_WIDTH_SETTINGS`) a new run
+    of a model of its width took in place of train's defaults (`fields`;
+    `TrainingConfig.for_model`)."""
+    from keras_transformer.config import PAPER_WIDTH_SETTINGS
+
+    taken = [name for name in PAPER_WIDTH_SETTINGS if getattr(config, name) != fields[name]]
+    if not taken:
+        return
+    what = " and ".join(_SETTING_WORDS[name].format(getattr(config, name)) for name in taken)
+    flags = " and ".join("--" + name.replace("_", "-") for name in taken)
+    print(f"{what[0].upper()}{what[1:]}: the paper's for a model of d_model {d_model} "
+          f"({flags} {'sets another' if len(taken) == 1 else 'set others'}).", flush=True)
+
+
+_SETTING_WORDS = {"warmup_steps": "warm-up {} steps",
+                  "checkpoint_every": "a checkpoint and dev pass every {} steps"}
 
 
 def load_pairs(config, split):
