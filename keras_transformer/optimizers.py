@@ -179,6 +179,12 @@ class AccumulatingAdam(Adam):
     def iterations(self):
         return ops.floor_divide(self._iterations, self.accumulate_steps)
 
+    @property
+    def pending_batches(self):
+        """The batches added to the accumulators since the last update (a
+        checkpoint or a stop belongs where there are none)."""
+        return ops.mod(self._iterations, self.accumulate_steps)
+
     def _get_current_learning_rate(self):
         if isinstance(self._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
             return self._learning_rate(self.iterations)

@@ -11,7 +11,9 @@ import functools
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 
 import keras
@@ -23,6 +25,7 @@ from keras_transformer.budget import ProgressLine
 from keras_transformer.config import PRECISIONS
 from keras_transformer.data.batching import without_autotuning
 from keras_transformer.distributed import is_chief
+from keras_transformer.distributed import is_multi_worker
 from keras_transformer.durable import write_atomically
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import Perplexity
@@ -336,6 +339,66 @@ class StepCheckpoint(keras.callbacks.Callback):
             self.checkpoints.remove(old)
 
 
+class StopOnSignal(keras.callbacks.Callback):
+    """Ctrl-C (SIGINT) or SIGTERM (a scheduler preempting the job, `docker stop`,
+    `kill`) while `fit` trains: the step in progress ends, the epoch ends there as
+    every epoch does (its dev pass, then `StepCheckpoint`'s checkpoint at that
+    step; dev BLEU is skipped), `fit` returns and `stopped` names the signal. A
+    resumed run then starts at the step where this one stopped instead of
+    training the steps since the last checkpoint again. A second signal stops at
+    once (`KeyboardInterrupt`), from wherever the run is.
+
+    Signals are caught only while `fit` runs, in the main thread of a run on one
+    host: a multi-worker run's workers would have to agree on the step to stop
+    at, and keep the default (each stops at once). With gradient accumulation a
+    run stops at the next update, where the accumulators are empty.
+    """
+
+    NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+    def __init__(self):
+        super().__init__()
+        self.stopped = None  # the signal that stopped training (a signal.Signals)
+        self._received = None
+        self._previous = {}
+
+    def on_train_begin(self, logs=None):
+        if (threading.current_thread() is not threading.main_thread()
+                or is_multi_worker(self.model.distribute_strategy)):
+            return
+        for number in self.NAMES:
+            self._previous[number] = signal.signal(number, self._receive)
+
+    def on_train_end(self, logs=None):
+        for number, previous in self._previous.items():
+            signal.signal(number, previous)
+        self._previous = {}
+
+    def _receive(self, number, frame):
+        if self._received is not None:  # the second: at once
+            self.on_train_end()
+            raise KeyboardInterrupt
+        self._received = signal.Signals(number)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self._received is not None
+                and not int(getattr(self.model.optimizer, "pending_batches", 0))):
+            self._stop()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._received is not None:  # came during the dev pass or the checkpoint
+            self._stop()
+
+    def _stop(self):
+        if self.stopped is None:
+            again = "Ctrl-C again" if self._received == signal.SIGINT else "another signal"
+            print(f"\n{self.NAMES[self._received]}: stopping at step "
+                  f"{int(self.model.optimizer.iterations.numpy())}, once its checkpoint is "
+                  f"written ({again} stops at once).", file=sys.stderr, flush=True)
+        self.stopped = self._received
+        self.model.stop_training = True
+
+
 def _rng_states(model):
     """The states of the dropout layers' seed generators (not among the weights)."""
     return [v for v in model.variables if v.path.endswith("seed_generator_state")]
@@ -459,16 +522,20 @@ class BleuEvaluation(keras.callbacks.Callback):
         tokenizer: the model's `SubwordTokenizer`.
         pairs: the dev pairs, `(source, target)` strings.
         every_epochs: how often; the logs get `bleu` on those epochs only.
+        stop: a `StopOnSignal` before this callback: no BLEU on the epoch it
+            stops training at, which a signal asked to end soon.
     """
 
-    def __init__(self, tokenizer, pairs, every_epochs=1):
+    def __init__(self, tokenizer, pairs, every_epochs=1, stop=None):
         super().__init__()
         self.tokenizer = tokenizer
         self.pairs = list(pairs)
         self.every_epochs = every_epochs
+        self.stop = stop
 
     def on_epoch_end(self, epoch, logs=None):
-        if logs is None or (epoch + 1) % self.every_epochs:
+        if (logs is None or (epoch + 1) % self.every_epochs
+                or (self.stop is not None and self.stop.stopped)):
             return
         # Imported here: sacrebleu and the translator only for runs that score BLEU.
         from keras_transformer import evaluation
@@ -481,10 +548,11 @@ class BleuEvaluation(keras.callbacks.Callback):
 
 def run_callbacks(run, config, clock, chief=True, tokenizer=None, dev_pairs=None,
                   compiled_shapes=0, max_steps=None):
-    """The callbacks of a `train.py` run, in order: stop on NaN, checkpoint,
-    learning rate, the clock, dev BLEU every `config.bleu_every` steps (chief
-    only, with `tokenizer` and `dev_pairs`), the progress line, and on the chief
-    the TensorBoard and CSV logs.
+    """The callbacks of a `train.py` run, in order: stop on NaN, checkpoint, stop
+    on Ctrl-C or SIGTERM once that checkpoint is written, learning rate, the
+    clock, dev BLEU every `config.bleu_every` steps (chief only, with `tokenizer`
+    and `dev_pairs`), the progress line, and on the chief the TensorBoard and CSV
+    logs.
 
     Args:
         run: the `runs.Run` (or its directory) that the checkpoints and logs go to.
@@ -494,9 +562,11 @@ def run_callbacks(run, config, clock, chief=True, tokenizer=None, dev_pairs=None
             progress line's count.
     """
     run = runs.Run(run) if isinstance(run, (str, os.PathLike)) else run
+    stop = StopOnSignal()
     callbacks = [
         keras.callbacks.TerminateOnNaN(),
         StepCheckpoint(run.checkpoints.directory, keep=config.keep_checkpoints),
+        stop,
         LearningRateLogger(),
         clock,
     ]
@@ -504,7 +574,7 @@ def run_callbacks(run, config, clock, chief=True, tokenizer=None, dev_pairs=None
         pairs = [(pair["source"].decode(), pair["target"].decode())
                  for pair in dev_pairs.take(config.bleu_sentences).as_numpy_iterator()]
         every_epochs = max(1, round(config.bleu_every / config.checkpoint_every))
-        callbacks.append(BleuEvaluation(tokenizer, pairs, every_epochs))
+        callbacks.append(BleuEvaluation(tokenizer, pairs, every_epochs, stop))
     callbacks.append(ProgressLine(config.steps, clock, compiled_shapes=compiled_shapes,
                                   max_steps=max_steps))
     if chief:

@@ -186,6 +186,13 @@ MUTANTS = [
            ["tests/test_training.py::test_compiling_ahead_leaves_training_as_it_was",
             "tests/test_train_cli.py::"
             "test_a_second_run_and_a_resumed_one_load_what_xla_compiled"], slow=True),
+    # SIGTERM or Ctrl-C stops a run mid-update: its checkpoint holds a partial sum of
+    # gradients under the update's step, and the resumed run adds those batches again.
+    mutant("stop-mid-update", "keras_transformer/training.py",
+           'and not int(getattr(self.model.optimizer, "pending_batches", 0))):',
+           "):",
+           ["tests/test_training.py::"
+            "test_a_signal_stops_training_at_its_step_with_a_checkpoint_there"]),
     # A model of the paper's width trained with the CPU recipes' warm-up.
     mutant("paper-width-gets-the-cpu-warm-up", "keras_transformer/config.py",
            "if model_config.d_model < PAPER_MIN_D_MODEL or self.time_budget:",

@@ -329,6 +329,54 @@ def test_killed_run_resumes_like_an_uninterrupted_one(accumulate_steps, tmp_path
         np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5)
 
 
+# train.py, sent SIGTERM (as by a scheduler preempting it) at the end of its 4th
+# batch: with 3 batches to an update, mid-update, and mid-checkpoint interval.
+_SIGTERM_AT_BATCH_4 = """
+import os, runpy, signal, sys
+import keras
+from keras_transformer import training
+class Terminate(keras.callbacks.Callback):
+    batches = 0
+    def on_train_batch_end(self, batch, logs=None):
+        Terminate.batches += 1
+        if Terminate.batches == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+run_callbacks = training.run_callbacks
+training.run_callbacks = lambda *args, **kwargs: [Terminate(), *run_callbacks(*args, **kwargs)]
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path(os.path.join(os.environ["ROOT"], "train.py"), run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_sigterm_mid_interval_resumes_like_an_uninterrupted_one(tmp_path):
+    whole, stopped = str(tmp_path / "whole"), str(tmp_path / "stopped")
+    flags = [*QUICK, "--accumulate-steps", "3", "--checkpoint-every", "4"]
+    deterministic = dict(TF_DETERMINISTIC_OPS="1")
+    assert _train([*flags, "--out", whole], **deterministic).returncode == 0
+
+    terminated = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_AT_BATCH_4, *flags, "--out", stopped],
+        env=dict(os.environ, PYTHONPATH=python_path(ROOT), ROOT=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
+                 **deterministic), capture_output=True, text=True, timeout=900)
+    assert terminated.returncode == 128 + signal.SIGTERM, terminated.stderr
+    # At the update that batch 4 began (updates 2 of 6, checkpoints every 4).
+    assert [step for step, _ in runs.Checkpoints(os.path.join(stopped, "checkpoints")).list()] == [2]
+    assert terminated.stderr.strip().endswith(
+        f"stopped. The same command resumes {stopped} from step 2, where it stopped.")
+
+    resumed = _train([*flags, "--out", stopped], **deterministic)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "at step 2." in resumed.stdout and "Taking over" not in resumed.stderr
+    expected = keras.saving.load_model(os.path.join(whole, "model.keras"))
+    actual = keras.saving.load_model(os.path.join(stopped, "model.keras"))
+    assert int(actual.optimizer.iterations.numpy()) == 6
+    for a, b in zip(actual.get_weights(), expected.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    for a, b in zip(actual.optimizer.variables, expected.optimizer.variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5)
+
+
 # train.py, killed (as by a power cut) once checkpoint 4 is written to its temporary
 # name and before the rename that makes it a checkpoint.
 _KILLED_INSIDE_A_WRITE = """
@@ -636,7 +684,7 @@ def test_pairs_left_out_for_their_length_are_counted_before_training(tokenizer, 
     assert out[-1] == "Left out 4 training pairs longer than 32 tokens (--max-sentence-tokens).", out
 
 
-def test_ctrl_c_says_where_the_run_resumes_without_a_stack(tmp_path):
+def test_ctrl_c_stops_at_its_step_and_says_where_the_run_resumes_without_a_stack(tmp_path):
     run = str(tmp_path / "run")
     # Ctrl-C's default action in the run, even where this suite was started in
     # the background, whose jobs inherit SIGINT ignored.
@@ -654,6 +702,9 @@ def test_ctrl_c_says_where_the_run_resumes_without_a_stack(tmp_path):
     steps = sorted(int(name[5:13]) for name in os.listdir(os.path.join(run, "checkpoints"))
                    if name.endswith(".weights.h5"))
     assert steps and "Traceback" not in stderr
+    # The step it stopped at is checkpointed, whether odd or even (--checkpoint-every 2).
+    assert f"Ctrl-C: stopping at step {steps[-1]}, once its checkpoint is written" in stderr
     assert stderr.strip().endswith(
-        f"stopped. The same command resumes {run} from its last checkpoint, step {steps[-1]}; "
-        "the steps after it are trained again.")
+        f"stopped. The same command resumes {run} from step {steps[-1]}, where it stopped.")
+    with open(os.path.join(run, ".lock")) as lock:
+        assert lock.read() == ""  # released: the next run takes it without a notice

@@ -1,10 +1,12 @@
 import math
 import os
+import signal
 import time
 
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_transformer as kt
 from keras_transformer import budget
@@ -391,3 +393,59 @@ def test_compiling_ahead_side_by_side_prints_no_retracing_warning(tokenizer, xla
                   for cell in function.__closure__
                   if hasattr(cell.cell_contents, "experimental_get_tracing_count")]
         assert traced == [1], traced
+
+
+def _repeated_batch(step, rows=4, length=6):
+    tokens = np.random.default_rng(0).integers(3, 30, (rows, length)).astype("int32")
+    return tf.data.Dataset.from_tensors(
+        ({"encoder_inputs": tokens, "decoder_inputs": tokens}, tokens)).repeat()
+
+
+class _SendSignal(keras.callbacks.Callback):
+    """Sends this process `number` at the end of its `at`-th batch, `times` times."""
+
+    def __init__(self, number, at, times=1):
+        super().__init__()
+        self.number, self.at, self.times, self.batches = number, at, times, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+        if self.batches == self.at:
+            for _ in range(self.times):
+                os.kill(os.getpid(), self.number)
+
+
+@pytest.mark.parametrize("number, accumulate_steps, at, stops_at",
+                         [(signal.SIGTERM, 1, 3, 3),
+                          # with two of three batches yet to come into the update
+                          (signal.SIGTERM, 3, 4, 2)])
+def test_a_signal_stops_training_at_its_step_with_a_checkpoint_there(
+        number, accumulate_steps, at, stops_at, tmp_path, capsys):
+    model = kt.build_transformer(kt.TransformerConfig.tiny(30, d_model=16, d_ff=32))
+    training.compile_for_training(model, warmup_steps=10, accumulate_steps=accumulate_steps)
+    stop = training.StopOnSignal()
+    callbacks = [training.StepCheckpoint(str(tmp_path)), _SendSignal(number, at), stop]
+    before = signal.getsignal(number)
+    losses, step = training.fit_by_checkpoints(
+        model, _repeated_batch, _repeated_batch(0).take(1), 0, 40, 10, 40, callbacks,
+        accumulate_steps=accumulate_steps)
+    assert (step, stop.stopped, len(losses)) == (stops_at, number, 1)
+    assert int(model.optimizer._iterations.numpy()) == stops_at * accumulate_steps
+    assert [step for step, _ in runs.Checkpoints(str(tmp_path)).list()] == [stops_at]
+    assert signal.getsignal(number) is before  # the signal's own handling, after fit
+    name = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}[number]
+    assert f"{name}: stopping at step {stops_at}, once its checkpoint is written" in (
+        capsys.readouterr().err)
+
+
+def test_a_second_signal_stops_at_once(tmp_path):
+    model = _compiled_model()
+    stop = training.StopOnSignal()
+    callbacks = [training.StepCheckpoint(str(tmp_path)), _SendSignal(signal.SIGTERM, 2, 2),
+                 stop]
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        training.fit_by_checkpoints(model, _repeated_batch, _repeated_batch(0).take(1), 0, 40,
+                                    10, 40, callbacks)
+    assert stop.stopped is None and not runs.Checkpoints(str(tmp_path)).list()
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -96,13 +96,16 @@ def main(argv=None, prog=PROG):
         return 130
 
 
-def interrupted_run(out):
-    """What a stopped run left: where the same command resumes it."""
+def interrupted_run(out, step=None):
+    """What a stopped run left: where the same command resumes it (`step`: where
+    it stopped, if it wrote a checkpoint there)."""
     from keras_transformer import runs
 
     saved = runs.Run(out).checkpoints.list()
     if not saved:
         return f"No checkpoint was written; the same command starts {out} again."
+    if saved[-1][0] == step:
+        return f"The same command resumes {out} from step {step}, where it stopped."
     return (f"The same command resumes {out} from its last checkpoint, step {saved[-1][0]}; "
             "the steps after it are trained again.")
 
@@ -164,6 +167,11 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     losses, step = fit(model, train_batches, dev_batches, step, max_steps, config, callbacks, clock)
     if not ended_well(losses, callbacks, account, run_dir, prog):
         return 1
+    stopped = next(callback.stopped for callback in callbacks
+                   if isinstance(callback, training.StopOnSignal))
+    if stopped:  # Ctrl-C or SIGTERM: exit status 128 + its number, as a shell reports
+        print(f"{prog}: stopped. {interrupted_run(args.out, step)}", file=sys.stderr)
+        return 128 + stopped
     if not chief:
         return 0
     if config.time_budget:  # the steps it took
