@@ -339,6 +339,20 @@ class StepCheckpoint(keras.callbacks.Callback):
             self.checkpoints.remove(old)
 
 
+class StoppedBySignal(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM, raised where the program is; `signal` is its number."""
+
+    def __init__(self, number):
+        super().__init__(signal.Signals(number).name)
+        self.signal = signal.Signals(number)
+
+    @staticmethod
+    def raise_it(number, frame):
+        """A signal handler: raises it (Python raises `KeyboardInterrupt` for
+        Ctrl-C only, and ends at once on SIGTERM)."""
+        raise StoppedBySignal(number)
+
+
 class StopOnSignal(keras.callbacks.Callback):
     """Ctrl-C (SIGINT) or SIGTERM (a scheduler preempting the job, `docker stop`,
     `kill`) while `fit` trains: the step in progress ends, the epoch ends there as
@@ -346,7 +360,7 @@ class StopOnSignal(keras.callbacks.Callback):
     step; dev BLEU is skipped), `fit` returns and `stopped` names the signal. A
     resumed run then starts at the step where this one stopped instead of
     training the steps since the last checkpoint again. A second signal stops at
-    once (`KeyboardInterrupt`), from wherever the run is.
+    once (`StoppedBySignal`, a `KeyboardInterrupt`), from wherever the run is.
 
     Signals are caught only while `fit` runs, in the main thread of a run on one
     host: a multi-worker run's workers would have to agree on the step to stop
@@ -377,7 +391,7 @@ class StopOnSignal(keras.callbacks.Callback):
     def _receive(self, number, frame):
         if self._received is not None:  # the second: at once
             self.on_train_end()
-            raise KeyboardInterrupt
+            raise StoppedBySignal(number)
         self._received = signal.Signals(number)
 
     def on_train_batch_end(self, batch, logs=None):

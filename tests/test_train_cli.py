@@ -329,6 +329,25 @@ def test_killed_run_resumes_like_an_uninterrupted_one(accumulate_steps, tmp_path
         np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5)
 
 
+def test_sigterm_before_training_says_where_the_run_resumes_and_releases_its_lock(tmp_path):
+    run = str(tmp_path / "run")
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "train.py"), *QUICK, "--out", run],
+        env=dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:  # the vocabulary is learned, the model not yet trained
+        if line.startswith("Batches in"):
+            break
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert "Traceback" not in stderr and not os.path.exists(os.path.join(run, "checkpoints"))
+    assert stderr.strip().endswith(
+        f"stopped. No checkpoint was written; the same command starts {run} again.")
+    with open(os.path.join(run, ".lock")) as lock:
+        assert lock.read() == ""
+
+
 # train.py, sent SIGTERM (as by a scheduler preempting it) at the end of its 4th
 # batch: with 3 batches to an update, mid-update, and mid-checkpoint interval.
 _SIGTERM_AT_BATCH_4 = """

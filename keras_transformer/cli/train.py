@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import math
 import os
+import signal
 import sys
 import time
 
@@ -86,14 +87,19 @@ def main(argv=None, prog=PROG):
     args, fields, model_overrides, explicit = parse_args(argv, prog)
     use_compilation_cache(args.compilation_cache)  # read when TensorFlow starts
     use_xla_gpu_flags()
+    from keras_transformer.training import StoppedBySignal
+
+    # SIGTERM outside training (while compiling, say) as Ctrl-C: a sentence, and
+    # the run's lock released. While it trains, training.StopOnSignal takes both.
+    signal.signal(signal.SIGTERM, StoppedBySignal.raise_it)
     try:
         return run(args, fields, model_overrides, explicit, prog)
     except (ValueError, FileNotFoundError) as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: a sentence, not TensorFlow's stack
+    except KeyboardInterrupt as stopped:  # a sentence, not TensorFlow's stack
         print(f"\n{prog}: stopped. {interrupted_run(args.out)}", file=sys.stderr)
-        return 130
+        return 128 + getattr(stopped, "signal", signal.SIGINT)
 
 
 def interrupted_run(out, step=None):
