@@ -186,6 +186,12 @@ MUTANTS = [
            ["tests/test_training.py::test_compiling_ahead_leaves_training_as_it_was",
             "tests/test_train_cli.py::"
             "test_a_second_run_and_a_resumed_one_load_what_xla_compiled"], slow=True),
+    # Adam's bias correction of the second moment made with beta1: steps 2.2x too
+    # large at first.
+    mutant("adam-second-moment-corrected-with-beta1", "keras_transformer/optimizers.py",
+           "beta2_power=tf.pow(constant(self.beta_2), constant(step)),",
+           "beta2_power=tf.pow(constant(self.beta_1), constant(step)),",
+           ["tests/test_schedules.py::test_adam_makes_keras_adams_updates_with_fewer_ops"]),
     # SIGTERM or Ctrl-C stops a run mid-update: its checkpoint holds a partial sum of
     # gradients under the update's step, and the resumed run adds those batches again.
     mutant("stop-mid-update", "keras_transformer/training.py",

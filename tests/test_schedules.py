@@ -71,9 +71,9 @@ def update_ops_per_variable(optimizer_class):
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf.function"])
 def test_adam_makes_keras_adams_updates_with_fewer_ops(compiled):
-    """train's Adam makes the bias-corrected step size once per update, not once per
-    variable: the same updates as Keras's Adam (the twin), from fewer graph ops to
-    trace and convert for XLA."""
+    """train's Adam makes each variable's update one fused op: the same updates as
+    Keras's Adam (the twin; the fused kernel rounds in its own order, a few float32
+    ulps a step), from an eighth of the graph ops to trace and convert for XLA."""
     from keras_transformer import optimizers
 
     rng = np.random.RandomState(0)
@@ -96,7 +96,7 @@ def test_adam_makes_keras_adams_updates_with_fewer_ops(compiled):
         apply_ours(gradients)
         apply_twin(gradients)
         for a, b in zip(mine, reference):
-            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
     assert int(ours.iterations.numpy()) == 6
-    assert update_ops_per_variable(optimizers.Adam) < 0.7 * update_ops_per_variable(
+    assert update_ops_per_variable(optimizers.Adam) <= 0.2 * update_ops_per_variable(
         keras.optimizers.Adam)
