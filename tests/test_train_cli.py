@@ -110,7 +110,9 @@ def assert_mean_of(averaged_path, checkpoint_paths, last):
 )
 def test_bad_flags_and_paths_give_one_line(args, message, tmp_path, capsys):
     # In this process (no TensorFlow start-up per case); --verbose keeps stderr as it is.
+    sigterm = signal.getsignal(signal.SIGTERM)
     assert train.main([*args, "--out", str(tmp_path / "run"), "--verbose"]) == 2
+    assert signal.getsignal(signal.SIGTERM) is sigterm  # train's own handler, put back
     captured = capsys.readouterr()
     stderr = captured.err
     lines = [line for line in stderr.splitlines() if line.startswith("keras-transformer train:")]

@@ -19,6 +19,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 
 from keras_transformer.cli.common import OneLineErrorParser
@@ -91,7 +92,9 @@ def main(argv=None, prog=PROG):
 
     # SIGTERM outside training (while compiling, say) as Ctrl-C: a sentence, and
     # the run's lock released. While it trains, training.StopOnSignal takes both.
-    signal.signal(signal.SIGTERM, StoppedBySignal.raise_it)
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread:
+        previous = signal.signal(signal.SIGTERM, StoppedBySignal.raise_it)
     try:
         return run(args, fields, model_overrides, explicit, prog)
     except (ValueError, FileNotFoundError) as error:
@@ -100,6 +103,9 @@ def main(argv=None, prog=PROG):
     except KeyboardInterrupt as stopped:  # a sentence, not TensorFlow's stack
         print(f"\n{prog}: stopped. {interrupted_run(args.out)}", file=sys.stderr)
         return 128 + getattr(stopped, "signal", signal.SIGINT)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def interrupted_run(out, step=None):
