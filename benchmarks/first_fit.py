@@ -11,7 +11,8 @@ In one process: importing TensorFlow and the package, building the model and
 step (`first_fit_seconds`: tracing the step, building or loading its XLA program
 where XLA is on, running it) and for `--steps` more (`seconds_per_step`). A step
 whose first trace creates variables (an optimizer's slots, metrics) is traced again
-by TensorFlow; `train_step_traces` counts the traces.
+by TensorFlow; `train_step_traces` counts the traces, and `train_step_graph_ops` the
+ops of the last (what a run builds in Python, and XLA converts, at every start).
 """
 
 import argparse
@@ -56,8 +57,11 @@ def main():
     traces = []
     train_step = type(model).train_step
 
+    graphs = []
+
     def counted(self, data):
         traces.append(len(self.optimizer.variables))
+        graphs.append(tf.compat.v1.get_default_graph())  # the step's, being traced
         return train_step(self, data)
 
     type(model).train_step = counted
@@ -77,6 +81,7 @@ def main():
         "first_fit_seconds": round(first - built, 2),
         "seconds_per_step": round((done - first) / args.steps, 4),
         "train_step_traces": len(traces), "optimizer_variables_at_each_trace": traces,
+        "train_step_graph_ops": len(graphs[-1].get_operations()),
         "device": tensorflow_device(), "machine": cpu_flags(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "tf_xla_flags": os.environ.get("TF_XLA_FLAGS", ""),

@@ -228,6 +228,7 @@ def test_first_fit_prints_json():
     # Traced once, with Adam's slots already there (1 + 2 per trainable variable).
     assert report["train_step_traces"] == 1
     assert report["optimizer_variables_at_each_trace"][0] > 1
+    assert report["train_step_graph_ops"] > 1000  # the traced step's, not an empty graph
     assert "avx512_bf16" in report["machine"]
 
 
