@@ -12,13 +12,14 @@ from keras import ops
 from tensorflow.python.distribute.distribute_lib import UpdateContext
 from tensorflow.python.distribute.distribute_utils import select_replica
 
+from keras_transformer.config import PAPER_WARMUP_STEPS
 from keras_transformer.schedules import TransformerSchedule
 
 # Sec. 5.3: "We used the Adam optimizer with beta1 = 0.9, beta2 = 0.98 and epsilon = 1e-9".
 ADAM_SETTINGS = dict(beta_1=0.9, beta_2=0.98, epsilon=1e-9)
 
 
-def transformer_optimizer(d_model, warmup_steps=4000, scale=1.0, accumulate_steps=1,
+def transformer_optimizer(d_model, warmup_steps=PAPER_WARMUP_STEPS, scale=1.0, accumulate_steps=1,
                           jit_compile=False):
     """Adam with the paper's beta1 0.9, beta2 0.98, epsilon 1e-9 and schedule
     (Sec. 5.3); with `accumulate_steps` N > 1, an `AccumulatingAdam` that makes

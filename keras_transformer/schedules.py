@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_transformer.config import PAPER_WARMUP_STEPS
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -29,7 +31,7 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     >>> optimizer = keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
     """
 
-    def __init__(self, d_model, warmup_steps=4000, scale=1.0):
+    def __init__(self, d_model, warmup_steps=PAPER_WARMUP_STEPS, scale=1.0):
         if d_model < 1:
             raise ValueError(f"d_model must be >= 1. Received: d_model={d_model}")
         if _value(warmup_steps) < 1:

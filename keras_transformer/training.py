@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from keras_transformer import runs
 from keras_transformer.budget import ProgressLine
+from keras_transformer.config import PAPER_WARMUP_STEPS
 from keras_transformer.config import PRECISIONS
 from keras_transformer.data.batching import without_autotuning
 from keras_transformer.distributed import is_chief
@@ -46,8 +47,8 @@ def set_precision(precision):
     keras.config.set_dtype_policy(precision)
 
 
-def compile_for_training(model, label_smoothing=0.1, warmup_steps=4000, learning_rate_scale=1.0,
-                         jit_compile=False, accumulate_steps=1):
+def compile_for_training(model, label_smoothing=0.1, warmup_steps=PAPER_WARMUP_STEPS,
+                         learning_rate_scale=1.0, jit_compile=False, accumulate_steps=1):
     """Compiles `model` with the paper's recipe (Sec. 5.3-5.4).
 
     Adam (beta1 0.9, beta2 0.98, epsilon 1e-9) on `TransformerSchedule`, the
