@@ -34,7 +34,7 @@ HEADLINE_FIELDS = (
     "speedup_over_torch", "ratio", "p50_ms", "p95_ms",
     "graph_over_ctranslate2_float32", "best_ours_graph_over_ctranslate2_int8",
     "best_ours_graph-bfloat16_over_ctranslate2_int8", "step_speedup_bfloat16",
-    "step_speedup_onednn_int8", "step_speedup_xla_int8", "first_fit_seconds", "train_step_traces", "real_over_fixed", "over_real_steps",
+    "step_speedup_onednn_int8", "step_speedup_xla_int8", "first_fit_seconds", "train_step_traces", "train_step_graph_ops", "real_over_fixed", "over_real_steps",
 )
 MAX_FIGURES = 6
 CPU_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")

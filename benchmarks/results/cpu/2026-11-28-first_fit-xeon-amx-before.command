@@ -1,0 +1,1 @@
+python benchmarks/first_fit.py --steps 3  # at c5cd971's package (git worktree) with e9285ea's first_fit.py, before the fused Adam update; run 1 of 2 alternating with 2026-11-28-first_fit-xeon-amx (run 2: 14.32 s)
