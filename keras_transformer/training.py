@@ -378,6 +378,8 @@ class StopOnSignal(keras.callbacks.Callback):
         self._previous = {}
 
     def on_train_begin(self, logs=None):
+        if self.stopped is not None:  # a fit after a stopped one trains; a signal
+            self.stopped = self._received = None  # not yet acted on still stops this one
         if (threading.current_thread() is not threading.main_thread()
                 or is_multi_worker(self.model.distribute_strategy)):
             return

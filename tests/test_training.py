@@ -436,6 +436,12 @@ def test_a_signal_stops_training_at_its_step_with_a_checkpoint_there(
     name = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}[number]
     assert f"{name}: stopping at step {stops_at}, once its checkpoint is written" in (
         capsys.readouterr().err)
+    # Fit again with the same callbacks, no signal: it trains on to the step asked.
+    callbacks[1].at = 0
+    _, step = training.fit_by_checkpoints(
+        model, _repeated_batch, _repeated_batch(0).take(1), stops_at, stops_at + 2, 10, 40,
+        callbacks, accumulate_steps=accumulate_steps)
+    assert (step, stop.stopped) == (stops_at + 2, None)
 
 
 def test_a_second_signal_stops_at_once(tmp_path):
