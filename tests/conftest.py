@@ -17,6 +17,25 @@ import tensorflow as tf  # noqa: E402
 tf.config.experimental.enable_tensor_float_32_execution(False)
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--alone-tests", choices=("with", "skip", "only"), default="with",
+        help="the tests marked `alone` (they need the machine to themselves): run them with "
+             "the others (default), leave them out (scripts/test.sh, beside its workers), "
+             "or run only them (scripts/test.sh, after)")
+
+
+def pytest_collection_modifyitems(config, items):
+    choice = config.getoption("--alone-tests")
+    if choice == "with":
+        return
+    keep = [item for item in items
+            if (item.get_closest_marker("alone") is not None) == (choice == "only")]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
+
+
 @pytest.fixture(autouse=True)
 def _float32_policy_and_seed(request):
     """Each test starts under float32 with fixed seeds, whatever the last one set.

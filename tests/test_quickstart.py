@@ -66,6 +66,7 @@ def test_loops_finds_a_repeated_phrase_and_not_a_repeated_word_apart():
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # its 8 minutes of training, beside another test, would train half as much
 def test_the_quickstart_runs_end_to_end_and_prints_only_its_messages(tmp_path):
     environment = {key: value for key, value in os.environ.items()
                    if not key.startswith(("TF_", "KERAS_"))}  # as a new user's shell
