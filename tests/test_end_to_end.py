@@ -67,7 +67,7 @@ def test_a_substitution_cipher_is_learned_through_the_command_lines(tmp_path):
     write_task(str(corpus), mapping, {"train": 6000, "dev": 32, "test": 100})
     run_dir, export = tmp_path / "run", tmp_path / "export"
     run("train.py", "--data", f"{corpus}/{{split}}.src,{corpus}/{{split}}.tgt",
-        "--model", "tiny", "--vocab-size", "320", "--steps", "500", "--checkpoint-every", "100",
+        "--model", "tiny", "--vocab-size", "320", "--steps", "700", "--checkpoint-every", "100",
         "--average-last", "2", "--warmup-steps", "100", "--tokens-per-batch", "2048",
         "--max-sentence-tokens", "32", "--precision", "float32", "--dropout-rate", "0",
         "--label-smoothing", "0", "--key-dim", "32", "--value-dim", "32", "--no-norm-first",
@@ -78,5 +78,8 @@ def test_a_substitution_cipher_is_learned_through_the_command_lines(tmp_path):
     translations = output.read_text(encoding="utf-8").split("\n")[:-1]
     targets = (corpus / "test.tgt").read_text(encoding="utf-8").split("\n")[:-1]
     assert len(translations) == len(targets) == 100
+    # 700 steps: 97% on a 2-core Xeon with AMX (2026-11-28); 500 gave 85% twice in three runs and failed
+    # CI at random (the kernels' summation order varies from run to run).
     exact = sum(a == b for a, b in zip(translations, targets)) / len(targets)
+    print(f"{exact:.0%} of the test sentences translated exactly")
     assert exact >= 0.9, (exact, list(zip(translations, targets))[:5])
