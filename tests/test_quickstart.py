@@ -101,3 +101,32 @@ def test_the_quickstart_runs_end_to_end_and_prints_only_its_messages(tmp_path):
     # Nothing on stderr: no library's logs or warnings, and no progress bar, as
     # stderr is not a terminal here (in a log file its carriage returns pile up).
     assert result.stderr.strip() == "", result.stderr[-3000:]
+
+
+def test_the_test_command_runs_the_quickstarts_test_alone_and_only_once():
+    """scripts/test.sh's two runs: the workers' (--alone-tests=skip) leaves the
+    quickstart's test out, the run after them (only) keeps it alone."""
+    import types
+
+    from tests import conftest
+
+    marked = test_the_quickstart_runs_end_to_end_and_prints_only_its_messages
+    assert any(mark.name == "alone" for mark in marked.pytestmark)
+
+    def item(alone):
+        return types.SimpleNamespace(get_closest_marker=lambda name: object()
+                                     if alone and name == "alone" else None)
+
+    def selected(choice):
+        items, deselected = [item(False), item(True), item(False)], []
+        config = types.SimpleNamespace(
+            getoption=lambda name: choice,
+            hook=types.SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items)))
+        before = list(items)
+        conftest.pytest_collection_modifyitems(config, items)
+        assert sorted(map(id, items + deselected)) == sorted(map(id, before))
+        return [before.index(kept) for kept in items]
+
+    assert selected("with") == [0, 1, 2]
+    assert selected("skip") == [0, 2]
+    assert selected("only") == [1]
