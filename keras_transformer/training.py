@@ -557,9 +557,10 @@ class BleuEvaluation(keras.callbacks.Callback):
         # Imported here: sacrebleu and the translator only for runs that score BLEU.
         from keras_transformer import evaluation
         from keras_transformer import serving
+        from keras_transformer.decoding_config import one_beam_size
 
         # A new translator each time: it copies the weights it multiplies by.
-        translator = serving.Translator(self.model, self.tokenizer)
+        translator = serving.Translator(self.model, self.tokenizer, **one_beam_size())
         logs["bleu"] = float(evaluation.evaluate(translator, self.pairs)["bleu"])
 
 

@@ -55,11 +55,11 @@ MUTANTS = [
     mutant("reference-column", "keras_transformer/evaluation.py",
            'references += [t.decode("utf-8") for t in block["target"]]',
            'references += [t.decode("utf-8") for t in block["source"]]',
-           ["tests/test_evaluation.py"]),
+           ["tests/test_evaluation.py::test_evaluate_scores_against_the_targets"]),
     mutant("reference-column-of-lists", "keras_transformer/evaluation.py",
            "return [source for source, _ in pairs], [target for _, target in pairs]",
            "return [source for source, _ in pairs], [source for source, _ in pairs]",
-           ["tests/test_evaluation.py"]),
+           ["tests/test_evaluation.py::test_evaluate_scores_against_the_targets"]),
     # "Tokenized BLEU" with sacreBLEU's default tokenization: not the paper's number.
     mutant("tokenized-bleu-13a", "keras_transformer/evaluation.py",
            'tokenized = sacrebleu.metrics.BLEU(tokenize="intl")',
@@ -150,8 +150,8 @@ MUTANTS = [
            "**{name: getattr(args, name) for name in REQUEST_SETTINGS if name != 'alpha'},",
            ["tests/test_cli.py::test_decoding_flags_and_weights_reach_the_search"]),
     mutant("translate-weights-ignored", "keras_transformer/cli/translate.py",
-           "translator = loading.load_translator(args.export, args.run, args.weights)",
-           "translator = loading.load_translator(args.export, args.run)",
+           "args.export, args.run, args.weights,",
+           "args.export, args.run,",
            ["tests/test_cli.py::test_decoding_flags_and_weights_reach_the_search"]),
     mutant("evaluate-beam-size-ignored", "keras_transformer/cli/evaluate.py",
            "**{name: getattr(args, name) for name in REQUEST_SETTINGS},",
@@ -269,8 +269,10 @@ def run_tests(copy, tests, timeout):
                                 text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return None, "timed out"
-    last = [line for line in result.stdout.splitlines() if line.strip()]
-    return result.returncode, last[-1] if last else result.stderr[-500:]
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    failed = [line.split()[1] for line in lines if line.startswith("FAILED ")]
+    summary = lines[-1] if lines else result.stderr[-500:]
+    return result.returncode, f"{summary}; {failed[0]} failed" if failed else summary
 
 
 def check_package_is_the_copy(copy):

@@ -7,9 +7,32 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 # With CI_NO_SKIPS=1 (CI), a skip other than for missing hardware fails the session.
 pytest_plugins = ["tests.skip_check"]
 
-import keras  # noqa: E402
+import contextlib  # noqa: E402
+
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
+
+
+@contextlib.contextmanager
+def _no_library_start_up_lines():
+    """File descriptor 2 to /dev/null while TensorFlow starts: its C++ code writes
+    lines there that TF_CPP_MIN_LOG_LEVEL does not hold back (absl's "All log
+    messages before absl::InitializeLog()", oneDNN's, CUDA's), once in each pytest
+    process. A failed import still raises, and says why, after."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+with _no_library_start_up_lines():
+    import keras  # noqa: E402
+    import tensorflow as tf  # noqa: E402
+
+    tf.constant(0)  # the first op: CUDA's start-up lines, on a machine without a GPU
 
 # The numeric tests compare float32 results to 1e-5 and tighter; on GPUs from
 # NVIDIA's Ampere on, TensorFlow multiplies float32 matrices in TF32 (10-bit
@@ -26,6 +49,11 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "quickstart" in getattr(item, "fixturenames", ()) and \
+                item.get_closest_marker("alone") is None:
+            raise pytest.UsageError(f"{item.nodeid} uses the quickstart fixture, which trains "
+                                    "for 8 minutes of wall clock: mark it `alone`")
     choice = config.getoption("--alone-tests")
     if choice == "with":
         return
@@ -74,6 +102,27 @@ def translator(model, tokenizer):
     from tests.translation_fixtures import make_translator
 
     return make_translator(model, tokenizer)
+
+
+@pytest.fixture(scope="session")
+def quickstart(tmp_path_factory):
+    """scripts/quickstart.sh, run once per session exactly as README.md tells a new
+    user to run it (8 minutes of training, then export, translate and sacreBLEU):
+    `result` (its CompletedProcess), `run` and `export` (its directories). The tests
+    that use it are marked `alone` and share one run: theirs is a better-trained
+    model than any a test could afford to train for itself."""
+    import subprocess
+    import types
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    directory = tmp_path_factory.mktemp("quickstart")
+    run, export = str(directory / "run"), str(directory / "export")
+    environment = {key: value for key, value in os.environ.items()
+                   if not key.startswith(("TF_", "KERAS_"))}  # as a new user's shell
+    environment.update(RUN_DIR=run, EXPORT_DIR=export)
+    result = subprocess.run(["bash", os.path.join(root, "scripts", "quickstart.sh")],
+                            capture_output=True, text=True, env=environment, timeout=1800)
+    return types.SimpleNamespace(result=result, run=run, export=export)
 
 
 @pytest.fixture

@@ -118,8 +118,9 @@ def test_export_translate_evaluate(run_dir, tmp_path):
 class Recording:
     """A translator that records the decoding settings of each call."""
 
-    def __init__(self, translator):
-        self.translator, self.calls = translator, []
+    def __init__(self, translator, options=None):
+        # options: the DecodingConfig settings the command loaded it with.
+        self.translator, self.calls, self.options = translator, [], options
 
     def translate(self, text, **knobs):
         self.calls.append({name: value.numpy().item() for name, value in knobs.items()})
@@ -149,7 +150,7 @@ def _main(module, monkeypatch, capsys, *flags, translators=None):
     if translators is not None:
         def load_translator(export, run, weights="averaged", **options):
             assert export is None and os.path.isdir(run)
-            loaded.append(Recording(translators[weights]))
+            loaded.append(Recording(translators[weights], options))
             return loaded[-1]
 
         monkeypatch.setattr(loading, "load_translator", load_translator)
@@ -233,6 +234,9 @@ def test_decoding_flags_and_weights_reach_the_search(
         _, recording = _main(module, monkeypatch, capsys, "--run", run_dir, *corpus,
                              "--output", output, *flags, translators=run_translators)
         assert recording.translator is run_translators[weights]
+        # The run's translator traces the one search the command asks for.
+        beam_size = knobs.get("beam_size", 4)
+        assert recording.options == {"beam_size": beam_size, "beam_sizes": (beam_size,)}
         assert recording.calls and all(call == knobs for call in recording.calls), flags
         lines = output.read_text(encoding="utf-8").split("\n")[:-1]
         assert lines == _translations(run_translators[weights], sources, **knobs), flags

@@ -67,12 +67,8 @@ def test_loops_finds_a_repeated_phrase_and_not_a_repeated_word_apart():
 
 @pytest.mark.slow
 @pytest.mark.alone  # its 8 minutes of training, beside another test, would train half as much
-def test_the_quickstart_runs_end_to_end_and_prints_only_its_messages(tmp_path):
-    environment = {key: value for key, value in os.environ.items()
-                   if not key.startswith(("TF_", "KERAS_"))}  # as a new user's shell
-    environment.update(RUN_DIR=str(tmp_path / "run"), EXPORT_DIR=str(tmp_path / "export"))
-    result = subprocess.run(["bash", os.path.join(ROOT, "scripts", "quickstart.sh")],
-                            capture_output=True, text=True, env=environment, timeout=1800)
+def test_the_quickstart_runs_end_to_end_and_prints_only_its_messages(quickstart):
+    result = quickstart.result
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout.splitlines()
 
@@ -90,7 +86,7 @@ def test_the_quickstart_runs_end_to_end_and_prints_only_its_messages(tmp_path):
     bleu = re.fullmatch(r"sacreBLEU: BLEU = (\d+\.\d\d) .*", out[headers[3] + 1])
     assert bleu and float(bleu.group(1)) >= MIN_BLEU, out
     assert re.fullmatch(r"500 sentences in [\d.]+ s \([\d.]+ sentences/s\)", out[-1]), out[-1]
-    assert os.path.exists(tmp_path / "export" / "1" / "saved_model.pb")
+    assert os.path.exists(os.path.join(quickstart.export, "1", "saved_model.pb"))
     # The README's transcript is of this command as it is now: each of its lines but
     # the samples begins with the words a line printed here begins with (its first
     # three, up to a figure; the CPU's name and paths differ).
@@ -101,6 +97,32 @@ def test_the_quickstart_runs_end_to_end_and_prints_only_its_messages(tmp_path):
     # Nothing on stderr: no library's logs or warnings, and no progress bar, as
     # stderr is not a terminal here (in a log file its carriage returns pile up).
     assert result.stderr.strip() == "", result.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.alone
+def test_the_quickstarts_export_decodes_as_its_run_chose(quickstart):
+    """The decoding that train chose on 200 dev pairs (decoding.json, and the line
+    it printed) is the one the export runs by default (its config.json)."""
+    import json
+
+    from keras_transformer import evaluation
+
+    assert quickstart.result.returncode == 0, quickstart.result.stderr[-3000:]
+    with open(os.path.join(quickstart.run, "decoding.json")) as f:
+        decoding = json.load(f)
+    assert decoding["sentences"] == 200 and decoding["alpha"] in evaluation.ALPHAS
+    assert decoding["no_repeat_ngram_size"] in (0, evaluation.BLOCKED_NGRAM_SIZE)
+    chosen = [tried["bleu"] for tried in decoding["tried"]
+              if (tried["alpha"], tried["no_repeat_ngram_size"])
+              == (decoding["alpha"], decoding["no_repeat_ngram_size"])]
+    assert chosen == [max(tried["bleu"] for tried in decoding["tried"])], decoding
+    assert re.search(r"^Decoding for this run's translations, chosen on 200 dev sentences: "
+                     rf"alpha {decoding['alpha']:.1f}, ", quickstart.result.stdout, re.M)
+    with open(os.path.join(quickstart.export, "1", "assets.extra", "config.json")) as f:
+        exported = json.load(f)["translator"]
+    assert (exported["alpha"], exported["no_repeat_ngram_size"]) \
+        == (decoding["alpha"], decoding["no_repeat_ngram_size"])
 
 
 def test_the_test_command_runs_the_quickstarts_test_alone_and_only_once():

@@ -616,9 +616,10 @@ def test_multi_worker_run_trains_and_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_main_job_end_to_end(tmp_path):
-    """What scripts/quickstart.sh does, small: train (the decoding it chooses), export (that
-    decoding), and the test BLEU it prints, as evaluate --run scores it."""
-    run, export = str(tmp_path / "run"), str(tmp_path / "export")
+    """What scripts/quickstart.sh does, small: train, the decoding it chooses (as
+    evaluation.choose_decoding chooses), and the test BLEU it prints, as evaluate --run
+    scores it. The export of that decoding: tests/test_quickstart.py, on the quickstart's run."""
+    run = str(tmp_path / "run")
     trained = _train([*QUICK, "--test-sentences", "5", "--alpha-sentences", "8", "--out", run])
     assert trained.returncode == 0, trained.stderr
     assert "Test BLEU on 5 sentences" in trained.stdout
@@ -639,25 +640,14 @@ def test_main_job_end_to_end(tmp_path):
     assert re.search(r"Decoding for this run's translations, chosen on 8 dev sentences: "
                      rf"alpha {decoding['alpha']:.1f}, ", trained.stdout), trained.stdout
 
-    env = dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-
-    def script(name, *args, stdin=None):
-        result = subprocess.run([sys.executable, os.path.join(ROOT, name), *args], env=env,
-                                input=stdin, capture_output=True, text=True, timeout=900)
-        assert result.returncode == 0, result.stderr
-        return result.stdout
-
-    # One beam size and no check in a second process: the quickstart's test exports in full.
-    script("export.py", "--run", run, "--out", export, "--beam-sizes", "4", "--no-check")
-    assert os.path.exists(os.path.join(export, "1", "saved_model.pb"))
-    with open(os.path.join(export, "1", "assets.extra", "config.json")) as f:
-        exported = json.load(f)["translator"]
-    assert (exported["alpha"], exported["no_repeat_ngram_size"]) \
-        == (decoding["alpha"], decoding["no_repeat_ngram_size"])
-    # translate and evaluate with the export: the quickstart's test and test_cli's run them.
     # train's test BLEU translated with the decoding it chose, as evaluate --run does.
-    scores = json.loads(script("evaluate.py", "--run", run, "--test", "bundled", "--split",
-                               "test", "--limit", "5", "--no-progress", "--json"))
+    evaluated = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "evaluate.py"), "--run", run, "--test", "bundled",
+         "--split", "test", "--limit", "5", "--no-progress", "--json"],
+        env=dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2"),
+        capture_output=True, text=True, timeout=900)
+    assert evaluated.returncode == 0, evaluated.stderr
+    scores = json.loads(evaluated.stdout)
     assert f"Test BLEU on 5 sentences: {scores['bleu']:.2f} " in trained.stdout, trained.stdout
 
 

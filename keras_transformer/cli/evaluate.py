@@ -23,6 +23,7 @@ from keras_transformer.cli.common import is_named_corpus
 from keras_transformer.cli.common import parallel_searches
 from keras_transformer.cli.common import start_decoding
 from keras_transformer.decoding_config import REQUEST_SETTINGS
+from keras_transformer.decoding_config import one_beam_size
 
 
 # How messages name the command (the clone's evaluate.py passes its own name).
@@ -101,7 +102,10 @@ def main(argv=None, prog=PROG):
 
     try:
         pairs = load_pairs(args)
-        translator = loading.load_translator(args.export, args.run, args.weights)
+        # A run's translator traces the one search its requests ask for.
+        translator = loading.load_translator(
+            args.export, args.run, args.weights,
+            **({} if args.run is None else one_beam_size(args.beam_size)))
         result = evaluation.evaluate(
             translator, pairs, args.batch_size, args.progress, limit=args.limit,
             **{name: getattr(args, name) for name in REQUEST_SETTINGS},

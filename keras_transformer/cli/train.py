@@ -30,6 +30,7 @@ from keras_transformer.cli.common import corpus_splits
 from keras_transformer.cli.common import quiet_libraries
 from keras_transformer.cli.common import use_compilation_cache
 from keras_transformer.cli.common import use_xla_gpu_flags
+from keras_transformer.decoding_config import one_beam_size
 
 # The budget counts from here: imports, the vocabulary, graph building and compilation.
 # CPU time counts from the process's start, as `time.process_time()` and log.csv's
@@ -193,7 +194,8 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     # on dev pairs, save,
     # and translate test sentences ===
     averaged = save(model, run_dir, config, step, clock, account)
-    translator = serving.Translator(averaged, tokenizer)  # its searches traced once, for both
+    # Its search of the default beam traced once, for both.
+    translator = serving.Translator(averaged, tokenizer, **one_beam_size())
     decoding = choose_decoding(translator, dev_pairs, run_dir, config, account)
     print(account.line(), flush=True)
     if config.test_sentences:

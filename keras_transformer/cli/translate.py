@@ -20,6 +20,7 @@ from keras_transformer.cli.common import add_decoding_flags
 from keras_transformer.cli.common import parallel_searches
 from keras_transformer.cli.common import start_decoding
 from keras_transformer.decoding_config import REQUEST_SETTINGS
+from keras_transformer.decoding_config import one_beam_size
 
 
 # How messages name the command (the clone's translate.py passes its own name).
@@ -71,7 +72,10 @@ def main(argv=None, prog=PROG):
 
     lines = read_lines(args.input)
     try:
-        translator = loading.load_translator(args.export, args.run, args.weights)
+        # A run's translator traces the one search its requests ask for.
+        translator = loading.load_translator(
+            args.export, args.run, args.weights,
+            **({} if args.run is None else one_beam_size(args.beam_size)))
         translations = evaluation.translate_sentences(
             translator, lines, args.batch_size,
             progress=args.progress,
