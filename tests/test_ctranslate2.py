@@ -113,5 +113,7 @@ def test_same_translations_as_our_beam_search_and_int8_bleu(quickstart, tmp_path
     bleu = {name: sacrebleu.corpus_bleu(hypotheses, references).score
             for name, hypotheses in (("float32", float32), ("int8", int8))}
     print(f"sacreBLEU on 200 test sentences: {bleu}")
-    assert bleu["float32"] > 1.0, bleu  # it translates
+    # It translates (25.1, int8 25.0, on a 2-core Xeon with AMX's quickstart run; a
+    # run that learned nothing scores about 1).
+    assert bleu["float32"] >= 12.0, bleu
     assert abs(bleu["int8"] - bleu["float32"]) <= 0.5 + 1e-9, bleu
