@@ -213,7 +213,8 @@ def main():
              "--warmup-steps", str(PAPER_WARMUP_STEPS),
              "--strategy", "auto",
              "--steps", str(args.steps), "--checkpoint-every", str(args.checkpoint_every),
-             "--test-sentences", "0", "--compilation-cache", cache, "--out", run_dir]
+             "--test-sentences", "0", "--alpha-sentences", "0",  # the training only
+             "--compilation-cache", cache, "--out", run_dir]
     report = {"benchmark": "gpu_training", "date": time.strftime("%Y-%m-%d"),
               "command": " ".join(sys.argv), "machine": cpu_flags(), "gpu": nvidia_smi(),
               "xla_flags": train_xla_flags()}

@@ -251,7 +251,7 @@ def test_a_slow_cpu_gets_the_small_recipe_and_the_breakdown(tmp_path, monkeypatc
     assert train.main(["--out", run, "--model", "tiny", "--time-budget", "0.4",
                        "--vocab-sentences", "4000",
                        "--max-sentence-tokens", "24", "--average-last", "2",
-                       "--keep-checkpoints", "2", "--test-sentences", "0",
+                       "--keep-checkpoints", "2", "--test-sentences", "0", "--alpha-sentences", "0",
                        "--precision", "float32"]) == 0
     out = capsys.readouterr().out
     big, small = recipes.RECIPES

@@ -71,7 +71,8 @@ def test_the_wheel_trains_exports_and_translates(installed):
     result = run(installed, "keras-transformer", "train", "--out", "run", "--model", "tiny",
                  "--steps", "5", "--checkpoint-every", "5", "--vocab-size", "600",
                  "--vocab-sentences", "4000", "--max-sentence-tokens", "24",
-                 "--tokens-per-batch", "256", "--average-last", "1", "--test-sentences", "0")
+                 "--tokens-per-batch", "256", "--average-last", "1", "--test-sentences", "0",
+                 "--alpha-sentences", "0")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Trained 5 steps" in result.stdout
     assert result.stderr == "", result.stderr[-3000:]  # progress and results only
