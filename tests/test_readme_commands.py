@@ -19,6 +19,7 @@ import keras
 import pytest
 
 from keras_transformer import cli
+from tests import made_once
 from tests.test_docs import DOC_PAGES
 from tests.test_docs import doc_commands
 from tests.test_docs import shell_commands
@@ -144,13 +145,15 @@ def run_command(words, capsys):
 def prepared(tmp_path_factory):
     """A tiny trained run and its export, for commands that read ones their page did
     not make."""
-    top = tmp_path_factory.mktemp("prepared")
-    run, export = str(top / "run"), str(top / "export")
-    assert cli.main(["train", "--model", "tiny", *SHRINK, "--test-sentences", "0",
-                     "--out", run]) == 0
-    keras.config.set_dtype_policy("float32")
-    assert cli.main(["export", "--run", run, "--out", export, *EXPORT_SHRINK]) == 0
-    return {"run": run, "export": export}
+    def make(top):
+        assert cli.main(["train", "--model", "tiny", *SHRINK, "--test-sentences", "0",
+                         "--out", str(top / "run")]) == 0
+        keras.config.set_dtype_policy("float32")
+        assert cli.main(["export", "--run", str(top / "run"), "--out", str(top / "export"),
+                         *EXPORT_SHRINK]) == 0
+
+    top = made_once(tmp_path_factory, "prepared", make)  # once for all the workers
+    return {"run": str(top / "run"), "export": str(top / "export")}
 
 
 def test_every_bash_command_is_run_or_run_elsewhere():

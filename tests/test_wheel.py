@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests import made_once
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = ("train", "export", "translate", "evaluate")
 
@@ -16,20 +18,23 @@ COMMANDS = ("train", "export", "translate", "evaluate")
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """`(bin directory, working directory)` of a virtual environment holding the
-    wheel and its dependencies (from the package index or pip's cache)."""
-    top = tmp_path_factory.mktemp("wheel")
+    wheel and its dependencies (from the package index or pip's cache), made once
+    for all pytest-xdist workers (two builds of one checkout at once collide)."""
+    top = made_once(tmp_path_factory, "wheel", install)
+    return top / "venv" / "bin", top / "work"
+
+
+def install(top):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", ROOT,
                     "-w", str(top / "dist")], check=True, capture_output=True, timeout=600)
     wheels = list((top / "dist").glob("keras_transformer-*.whl"))
     assert len(wheels) == 1, wheels
     subprocess.run([sys.executable, "-m", "venv", str(top / "venv")], check=True, timeout=300)
     bin_dir = top / "venv" / "bin"
-    install = subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "--quiet",
-                              str(wheels[0])], capture_output=True, text=True, timeout=1800)
-    assert install.returncode == 0, install.stderr[-3000:]
-    work = top / "work"
-    work.mkdir()
-    return bin_dir, work
+    result = subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "--quiet",
+                             str(wheels[0])], capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (top / "work").mkdir()
 
 
 def run(installed, *args, stdin=None):
