@@ -152,3 +152,23 @@ def test_the_test_command_runs_the_quickstarts_test_alone_and_only_once():
     assert selected("with") == [0, 1, 2]
     assert selected("skip") == [0, 2]
     assert selected("only") == [1]
+
+
+def test_a_test_of_the_quickstarts_run_must_be_marked_alone():
+    """The `quickstart` fixture trains for 8 minutes of wall clock: a test that
+    uses it beside the workers' tests would train less, so collecting one that is
+    not marked `alone` stops the session and says so."""
+    import types
+
+    from tests import conftest
+
+    def item(alone):
+        return types.SimpleNamespace(
+            nodeid="tests/test_x.py::test_x", fixturenames=["quickstart", "tmp_path"],
+            get_closest_marker=lambda name: object() if alone and name == "alone" else None)
+
+    config = types.SimpleNamespace(getoption=lambda name: "with")
+    conftest.pytest_collection_modifyitems(config, [item(alone=True)])
+    with pytest.raises(pytest.UsageError, match="tests/test_x.py::test_x uses the quickstart "
+                                                "fixture.*mark it `alone`"):
+        conftest.pytest_collection_modifyitems(config, [item(alone=False)])
