@@ -20,10 +20,10 @@ two at a time (`--jobs 2`): 158 s on 2 cores of an Intel Xeon with AMX, where on
 a time took 247 s (2026-11-28); 264 s beside CI's two test workers. Each mutant costs
 about 4.5 s of pytest's start-up, plus its tests up to the first failure: name the
 test that catches it (the report says which did), not its whole file (the two
-reference-column mutants took 44 and 53 s with test_evaluation.py, 11 s with their test). All 23 were caught in 251 s on 2 cores of an AMD
-EPYC Zen 4 (2026-11-25, one at a time; each
-pytest run stops at its first failure, so a caught mutant costs little more than
-TensorFlow's start-up). Two were missed once, and tests were added for them (an
+reference-column mutants took 44 and 53 s with test_evaluation.py, 11 s with their
+test). All 23 were caught in 251 s on 2 cores of an AMD EPYC Zen 4 (2026-11-25, one
+at a time; each pytest run stops at its first failure, so a caught mutant costs little
+more than TensorFlow's start-up). Two were missed once, and tests were added for them (an
 off-by-one per-row output limit, and the request limits, whose line had been
 stale).
 """
@@ -152,9 +152,9 @@ MUTANTS = [
            "**{name: getattr(args, name) for name in REQUEST_SETTINGS},",
            "**{name: getattr(args, name) for name in REQUEST_SETTINGS if name != 'alpha'},",
            ["tests/test_cli.py::test_decoding_flags_and_weights_reach_the_search"]),
-    mutant("translate-weights-ignored", "keras_transformer/cli/translate.py",
-           "args.export, args.run, args.weights,",
-           "args.export, args.run,",
+    mutant("translate-weights-ignored", "keras_transformer/cli/common.py",
+           "return loading.load_translator(args.export, args.run, args.weights, **settings)",
+           "return loading.load_translator(args.export, args.run, **settings)",
            ["tests/test_cli.py::test_decoding_flags_and_weights_reach_the_search"]),
     mutant("evaluate-beam-size-ignored", "keras_transformer/cli/evaluate.py",
            "**{name: getattr(args, name) for name in REQUEST_SETTINGS},",

@@ -125,6 +125,15 @@ def test_the_quickstarts_export_decodes_as_its_run_chose(quickstart):
         == (decoding["alpha"], decoding["no_repeat_ngram_size"])
 
 
+def collected(alone, fixturenames=()):
+    """A collected test as conftest's pytest_collection_modifyitems reads it."""
+    import types
+
+    return types.SimpleNamespace(
+        nodeid="tests/test_x.py::test_x", fixturenames=list(fixturenames),
+        get_closest_marker=lambda name: object() if alone and name == "alone" else None)
+
+
 def test_the_test_command_runs_the_quickstarts_test_alone_and_only_once():
     """scripts/test.sh's two runs: the workers' (--alone-tests=skip) leaves the
     quickstart's test out, the run after them (only) keeps it alone."""
@@ -135,12 +144,8 @@ def test_the_test_command_runs_the_quickstarts_test_alone_and_only_once():
     marked = test_the_quickstart_runs_end_to_end_and_prints_only_its_messages
     assert any(mark.name == "alone" for mark in marked.pytestmark)
 
-    def item(alone):
-        return types.SimpleNamespace(get_closest_marker=lambda name: object()
-                                     if alone and name == "alone" else None)
-
     def selected(choice):
-        items, deselected = [item(False), item(True), item(False)], []
+        items, deselected = [collected(False), collected(True), collected(False)], []
         config = types.SimpleNamespace(
             getoption=lambda name: choice,
             hook=types.SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items)))
@@ -162,13 +167,9 @@ def test_a_test_of_the_quickstarts_run_must_be_marked_alone():
 
     from tests import conftest
 
-    def item(alone):
-        return types.SimpleNamespace(
-            nodeid="tests/test_x.py::test_x", fixturenames=["quickstart", "tmp_path"],
-            get_closest_marker=lambda name: object() if alone and name == "alone" else None)
-
     config = types.SimpleNamespace(getoption=lambda name: "with")
-    conftest.pytest_collection_modifyitems(config, [item(alone=True)])
+    conftest.pytest_collection_modifyitems(config, [collected(True, ["quickstart", "tmp_path"])])
     with pytest.raises(pytest.UsageError, match="tests/test_x.py::test_x uses the quickstart "
                                                 "fixture.*mark it `alone`"):
-        conftest.pytest_collection_modifyitems(config, [item(alone=False)])
+        conftest.pytest_collection_modifyitems(
+            config, [collected(False, ["quickstart", "tmp_path"])])

@@ -87,6 +87,17 @@ def parallel_searches(export=None, run=None):
     return hardware.cpu_parallel_searches()
 
 
+def load_command_translator(args):
+    """The translator of a decoding command (translate, evaluate): its --export,
+    or its --run with --weights. A run's translator traces only the search of
+    --beam-size, the one its requests ask for (`decoding_config.one_beam_size`)."""
+    from keras_transformer import loading
+    from keras_transformer.decoding_config import one_beam_size
+
+    settings = {} if args.run is None else one_beam_size(args.beam_size)
+    return loading.load_translator(args.export, args.run, args.weights, **settings)
+
+
 # What `start_decoding` sets, unless the environment does: also for a model
 # server and the benchmarks.
 DECODING_ENVIRONMENT = {"TF_ENABLE_ONEDNN_OPTS": "1", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS": "1"}

@@ -17,10 +17,10 @@ import sys
 
 from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import add_decoding_flags
+from keras_transformer.cli.common import load_command_translator
 from keras_transformer.cli.common import parallel_searches
 from keras_transformer.cli.common import start_decoding
 from keras_transformer.decoding_config import REQUEST_SETTINGS
-from keras_transformer.decoding_config import one_beam_size
 
 
 # How messages name the command (the clone's translate.py passes its own name).
@@ -68,14 +68,10 @@ def main(argv=None, prog=PROG):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     start_decoding(args.verbose, parallel_searches(args.export, args.run))
     from keras_transformer import evaluation
-    from keras_transformer import loading
 
     lines = read_lines(args.input)
     try:
-        # A run's translator traces the one search its requests ask for.
-        translator = loading.load_translator(
-            args.export, args.run, args.weights,
-            **({} if args.run is None else one_beam_size(args.beam_size)))
+        translator = load_command_translator(args)
         translations = evaluation.translate_sentences(
             translator, lines, args.batch_size,
             progress=args.progress,
