@@ -23,6 +23,10 @@
 #    PyTorch compiled at 520 x 48 (fit_overhead.json). It took 129 s on an H200
 #    (2026-11-27, no PyTorch) before its fit twin made as train makes its model (another
 #    compile_ahead, about 55 s): give it 250 s, more with PyTorch.
+# 6. With PROFILE_SECONDS > 0 (default 0), before step 2: where the step's GPU time goes,
+#    train_throughput.py at 520 x 48 against PyTorch compiled at the same batch, each
+#    profiling 5 steps after its 20 timed ones (profile.json, ours.xplane.pb; the kernels
+#    summed by kind by benchmarks/kernel_profile.py). About 100 s on an H200: give it 170.
 # 5. With ALLREDUCE_SECONDS > 0 (default 0), benchmarks/allreduce.py over 2 logical GPUs
 #    with XLA on each replica (allreduce.json; without XLA it was measured on 2026-11-27):
 #    the all-reduce and the optimizer's update alone (compiled, and as Keras runs it), then
@@ -39,7 +43,8 @@
 # WARM_VMODULE (TF_CPP_VMODULE, e.g. gpu_training.py's WARM_VMODULE): the warm run --verbose,
 # with those modules' log lines in train_warm.log, for where its start goes.
 # Seconds: STEP_SECONDS (0: no step 1), COLD_SECONDS (0: no step 2), WARM_SECONDS,
-# TORCH_SECONDS (0: no PyTorch run in step 2), TEST_SECONDS, FIT_SECONDS, ALLREDUCE_SECONDS.
+# TORCH_SECONDS (0: no PyTorch run in step 2), TEST_SECONDS, FIT_SECONDS, ALLREDUCE_SECONDS,
+# PROFILE_SECONDS.
 set -u
 out=${OUT:?set OUT to the folder the files go to}
 if [ ! -e /tmp/tfenv.sh ]; then  # not installed on this machine yet
@@ -61,6 +66,12 @@ PY
   echo "wheels installed: $(echo $missing | wc -w) of $(ls .whl/*.whl | wc -l)" >> "$out/install.log"
   [ -z "$missing" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --target /tmp/site2 $missing >> "$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
+fi
+# CUPTI 12 for TensorFlow's profiler (PROFILE_SECONDS), where the call carries it: the
+# payload has none, and TensorFlow (built for CUDA 12) asks for libcupti.so.12. Fetched here
+# with `pip download nvidia-cuda-cupti-cu12==12.5.82` (its lib/libcupti.so.12, gzipped).
+if [ -e .gpu/cupti/libcupti.so.12.gz ] && [ ! -e /tmp/cu12compat/libcupti.so.12 ]; then
+  gzip -dc .gpu/cupti/libcupti.so.12.gz > /tmp/cu12compat/libcupti.so.12
 fi
 . /tmp/tfenv.sh
 export PYTHONPATH=$PYTHONPATH:/tmp/site2 TF_FORCE_GPU_ALLOW_GROWTH=true PYTHONUNBUFFERED=1
@@ -87,6 +98,34 @@ if [ "${STEP_SECONDS:-130}" -gt 0 ]; then  # STEP_SECONDS=0: straight to the tra
   echo "steps done at $((SECONDS - started)) s"
 fi
 
+if [ "${PROFILE_SECONDS:-0}" -gt 0 ]; then  # where the step's GPU time goes, ours and torch's
+  timeout "$PROFILE_SECONDS" python3 benchmarks/train_throughput.py --model base \
+    --vocab-size 8000 --batch-size 520 --length 48 --precisions mixed_bfloat16 --xla on \
+    --warmup-steps 1 --steps 20 --compare-torch --torch-compile on --profile-steps 5 \
+    --profile-dir /tmp/profile > "$out/profile.json" 2>> "$out/stderr.log"
+  echo "profile: exit status $? at $((SECONDS - started)) s"
+  xplane=$(find /tmp/profile -name "*.xplane.pb" -size -15M 2>/dev/null | head -1)
+  [ -z "$xplane" ] || cp "$xplane" "$out/ours.xplane.pb"
+  python3 - "$out/profile.json" <<'PY'
+import json, sys
+try:
+    report = json.load(open(sys.argv[1]))
+except ValueError:
+    sys.exit("profile: no report")
+ours = report["results"][0]
+torch = [r for r in report.get("torch", {}).get("results", ()) if r.get("status") == "ok"]
+for name, run in [("ours", ours)] + [("torch", r) for r in torch]:
+    profile = run.get("profile", {})
+    print(name, run["seconds_per_step"], run["target_tokens_per_second"], run.get("mfu"),
+          {k: profile.get(k) for k in ("kernels_per_step", "kernel_seconds", "busy_seconds",
+                                       "wall_seconds", "busy_share_of_wall")})
+    print("  ", {k: v["seconds"] for k, v in profile.get("kinds", {}).items()})
+    for item in profile.get("top", [])[:8]:
+        print("   ", item["seconds"], item["launches"], item["kind"], item["name"][:90])
+print("lines:", ours.get("profile", {}).get("lines"))
+print("speedup_over_torch:", ours.get("speedup_over_torch"), report.get("torch", {}).get("error", "")[:300])
+PY
+fi
 if [ "${TEST_SECONDS:-0}" -gt 0 ]; then
   # -v: each result is logged as it comes, so a run cut short by the timeout still says
   # which tests passed and failed. Alone (COLD_SECONDS=0), the tests get every core.

@@ -26,6 +26,8 @@ Timing and MFU as train_throughput.py's: `--warmup-steps` steps apart
 (`first_steps_seconds`, compilation included), then the median of `--steps`, each
 synchronized by reading the loss; FLOPs from its `forward_flops`; the peak from the
 same table and logic (benchmarks/machine.py), measured here with PyTorch's kernels.
+`--profile-steps N` profiles N more steps and sums their kernels by kind (`profile`, in
+the shape of `train_throughput.py --profile-steps`'s: benchmarks/kernel_profile.py).
 """
 
 import argparse
@@ -230,7 +232,22 @@ def run_mode(torch, config, device, precision, compile_model, args):
         step()
         times.append(time.perf_counter() - start)
     seconds = float(np.median(times))
+    profile = {}
+    if args.profile_steps:  # after the timed steps: the profiler's cost stays out of them
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        from kernel_profile import summarize
+        from kernel_profile import torch_kernels
+
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+            start = time.perf_counter()
+            for _ in range(args.profile_steps):
+                step()
+            wall = time.perf_counter() - start
+        profile = {"profile": summarize(torch_kernels(profiler), args.profile_steps, wall)}
     return {
+        **profile,
         "parameters": count_parameters(model),
         "optimizer": "Adam (fused)" if fused else "Adam",
         "first_steps_seconds": round(warmup_seconds, 2),
@@ -258,6 +275,9 @@ def main():
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5,
                         help="measured steps per mode (the median is reported)")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="then this many steps under torch.profiler: where the GPU's "
+                             "time goes, as benchmarks/kernel_profile.py sums it (`profile`)")
     args = parser.parse_args()
     if args.tokens_per_batch is not None:
         if args.batch_size is not None:

@@ -44,6 +44,10 @@ compiled before, side by side, as train does: `compile_ahead_seconds`), the rati
 sustained real-batch tokens/s to the fixed batch's, and with `--fit-steps N` the rates of
 `model.fit` over N real batches an epoch, without callbacks, with train.py's, and on a
 twin of the model made and compiled as train.py makes it (its strategy and metrics).
+
+`--profile-steps N` profiles N more steps on the fixed batch after the timed ones (and
+as many of torch's with `--compare-torch`): each result's `profile` sums the GPU's
+kernels by kind, per step, in one shape for both frameworks (benchmarks/kernel_profile.py).
 """
 
 import argparse
@@ -184,6 +188,10 @@ def measure(implementations, config, precision, jit_compile, args, peaks, real=N
             model.train_on_batch(inputs, targets)
             times[implementation].append(time.perf_counter() - start)
     progress(f"{args.steps} timed steps each")
+    profiles = {}
+    if args.profile_steps and "ours" in models:  # after the timed steps, as torch's
+        profiles["ours"] = profile_steps(models["ours"], inputs, targets, args)
+        progress(f"{args.profile_steps} steps profiled")
     results = []
     for implementation, model in models.items():
         seconds = float(np.median(times[implementation]))
@@ -199,6 +207,7 @@ def measure(implementations, config, precision, jit_compile, args, peaks, real=N
             "target_tokens_per_second": round(args.batch_size * args.length / seconds, 1),
             "train_flops_per_step": flops,
             **mfu_fields(flops, seconds, peaks),
+            **({"profile": profiles[implementation]} if implementation in profiles else {}),
         }
         if real is not None and implementation == "ours":
             compile_seconds = None
@@ -220,6 +229,29 @@ def measure(implementations, config, precision, jit_compile, args, peaks, real=N
                     precision)
         results.append(result)
     return results
+
+
+def profile_steps(model, inputs, targets, args):
+    """`--profile-steps` more steps of `model` under TensorFlow's profiler, its trace
+    written under `--profile-dir` and summed by kind (benchmarks/kernel_profile.py)."""
+    import tensorflow as tf
+
+    from kernel_profile import find_xspace
+    from kernel_profile import summarize
+    from kernel_profile import xspace_kernels
+    from kernel_profile import xspace_lines
+
+    directory = args.profile_dir or os.path.join("/tmp", f"train_throughput_profile_{os.getpid()}")
+    tf.profiler.experimental.start(directory, options=tf.profiler.experimental.ProfilerOptions(
+        host_tracer_level=1, python_tracer_level=0, device_tracer_level=1))
+    start = time.perf_counter()
+    for _ in range(args.profile_steps):
+        model.train_on_batch(inputs, targets)  # returns the loss: each step synchronized
+    wall = time.perf_counter() - start
+    tf.profiler.experimental.stop()
+    path = find_xspace(directory)
+    return {"xplane": path, "lines": xspace_lines(path),
+            **summarize(xspace_kernels(path), args.profile_steps, wall)}
 
 
 def time_real_batches(model, batches, config, args, peaks, fixed_shape,
@@ -432,6 +464,8 @@ def compare_torch(config, precisions, args):
                "--precisions", ",".join(torch_precisions), "--compile", args.torch_compile]
     if args.torch_threads:
         command += ["--threads", str(args.torch_threads)]
+    if args.profile_steps:
+        command += ["--profile-steps", str(args.profile_steps)]
     print("Running " + " ".join(command), file=sys.stderr, flush=True)
     try:
         finished = subprocess.run(command, capture_output=True, text=True,
@@ -488,6 +522,14 @@ def main():
                         help="with --real-batches: the longest pair kept (train.py's default)")
     parser.add_argument("--seed", type=int, default=0, help="with --real-batches: the "
                         "vocabulary's and the batches' seed")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="then this many steps of ours (and of torch's with "
+                             "--compare-torch) under the profiler: where the GPU's time "
+                             "goes, summed by benchmarks/kernel_profile.py (`profile`)")
+    parser.add_argument("--profile-dir", default=None,
+                        help="where TensorFlow's profiler writes its trace (default a "
+                             "folder under /tmp); the `.xplane.pb` in it reads with "
+                             "benchmarks/kernel_profile.py")
     parser.add_argument("--compare-torch", action="store_true",
                         help="also run benchmarks/torch_transformer.py at the same shape")
     parser.add_argument("--torch-compile", default="off,on",
