@@ -78,22 +78,22 @@ def summarize(kernels, steps, wall_seconds=None, top=25):
     total = sum(kinds.values())
     busy = busy_seconds((s, s + d) for _, s, d, _ in kernels)
     wall = {} if wall_seconds is None else {
-        "wall_seconds": round(wall_seconds / steps, 6),
+        "wall_seconds": round(wall_seconds / steps, 9),
         "busy_share_of_wall": round(busy / wall_seconds, 4)}
     costliest = sorted(by_name.items(), key=lambda item: -item[1]["seconds"])[:top]
     return {
         "steps": steps,
         "kernels_per_step": round(len(kernels) / steps, 1),
-        "kernel_seconds": round(total / steps, 6),
-        "busy_seconds": round(busy / steps, 6),
+        "kernel_seconds": round(total / steps, 9),
+        "busy_seconds": round(busy / steps, 9),
         **wall,
         "window_seconds": round((max(s + d for _, s, d, _ in kernels)
-                                 - min(s for _, s, _, _ in kernels)) / steps, 6),
-        "kinds": {kind: {"seconds": round(seconds / steps, 6),
+                                 - min(s for _, s, _, _ in kernels)) / steps, 9),
+        "kinds": {kind: {"seconds": round(seconds / steps, 9),
                          "share": round(seconds / total, 4)}
                   for kind, seconds in sorted(kinds.items(), key=lambda item: -item[1])},
         "top": [{"name": name[:160], "kind": kind_of(name),
-                 "seconds": round(entry["seconds"] / steps, 6),
+                 "seconds": round(entry["seconds"] / steps, 9),
                  "launches": round(entry["launches"] / steps, 1),
                  **({"op": entry["op"]} if entry["op"] else {})}
                 for name, entry in costliest],

@@ -1,28 +1,38 @@
 """How much of a training step the host costs: the model compiled as `train` compiles it
-(`training.compile_for_training`, XLA), on one fixed batch, its steps run four ways,
+(`training.compile_for_training`, XLA), on a fixed batch, its steps run several ways,
 printed as JSON.
 
-    python benchmarks/step_dispatch.py --model base --vocab-size 8000 --batch-size 520 \\
-        --length 48 --precision mixed_bfloat16          # on a GPU
-    python benchmarks/step_dispatch.py --model tiny --vocab-size 300 --batch-size 8 \\
-        --length 16 --steps 10                          # a quick smoke run
+    python benchmarks/step_dispatch.py                  # on a GPU: the base model, 520 x 48
+    python benchmarks/step_dispatch.py --batch-sizes 260,520 --strategy default,one_device
+    python benchmarks/step_dispatch.py --model tiny --vocab-size 300 --batch-sizes 8 \\
+        --length 16 --steps 10 --repeats 2                # a quick smoke run
 
+For each strategy and batch size (rows of `--length` tokens):
 - `sync`: each step's loss read before the next step starts (as `train_on_batch`, or
   `fit` with a callback that reads every step's logs, as `train`'s do): the host's
   work between two steps is added to each step.
 - `async`: `--steps` steps started back to back and one loss read at the end:
-  `dispatch_seconds` is the host's time to start one step (it returns before the device
-  finishes); where it is shorter than the step, the device sets the pace.
-- `fit`: `model.fit` over the batch repeated, no callback reading the steps' logs.
+  `dispatch_seconds` is the host's time to start one step. Where it is shorter than
+  the step, the device sets the pace; where it is as long, either the host's work per
+  step is as long as the device's, or something makes the host wait for the device
+  each step. How the step's time changes with the batch tells which: the host's work
+  hardly depends on the batch, the device's does.
+Then, for the first strategy at the first batch size:
+- `fit`: `model.fit` over the batch repeated, no callback reading the steps' logs;
 - `fit_steps_per_execution`: the same with `steps_per_execution=--steps-per-execution`
-  (Keras runs that many steps in one call, a loop in the graph).
+  (Keras runs that many steps in one call, a loop in the graph; 1: not run).
 
-Seconds are per step, the medians of `--repeats` timed runs after an untimed one. Set
-XLA_FLAGS (e.g. `--xla_gpu_enable_command_buffer=` to launch each kernel apart instead
-of through CUDA graphs) to compare XLA's settings, one process each.
+Strategies: `default` (no strategy: the batches reach the step from the host's memory,
+copied in each step) and `one_device` (`tf.distribute.OneDeviceStrategy` on the first
+GPU, as `train --strategy auto` on one GPU, its dataset distributed: the batches are
+prefetched to the device). Seconds are per step, the medians of `--repeats` timed
+runs after an untimed one. Set XLA_FLAGS (e.g. `--xla_gpu_enable_command_buffer=` to
+launch each kernel apart instead of through CUDA graphs) to compare XLA's settings,
+one process each.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -42,6 +52,8 @@ from keras_transformer.cli.common import use_xla_gpu_flags  # noqa: E402
 
 use_xla_gpu_flags()  # as train.py
 
+STRATEGIES = ("default", "one_device")
+
 
 def median(values):
     values = sorted(values)
@@ -49,49 +61,29 @@ def median(values):
     return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="base")
-    parser.add_argument("--vocab-size", type=int, default=8000)
-    parser.add_argument("--batch-size", type=int, default=520)
-    parser.add_argument("--length", type=int, default=48)
-    parser.add_argument("--precision", default="mixed_bfloat16")
-    parser.add_argument("--steps", type=int, default=40, help="steps a timed run")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each way")
-    parser.add_argument("--steps-per-execution", type=int, default=8)
-    args = parser.parse_args()
+def make_strategy(name):
+    import tensorflow as tf
 
-    import keras
+    if name == "default":
+        return None
+    gpus = tf.config.list_logical_devices("GPU")
+    return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
+
+
+def fixed_dataset(config, rows, length):
     import numpy as np
     import tensorflow as tf
 
-    import keras_transformer as kt
-    from keras_transformer import training
-
-    config = kt.TransformerConfig.preset(args.model, vocab_size=args.vocab_size)
     rng = np.random.RandomState(0)
-    shape = (args.batch_size, args.length)
+    shape = (rows, length)
     inputs = {"encoder_inputs": rng.randint(4, config.vocab_size, shape).astype("int32"),
               "decoder_inputs": rng.randint(4, config.vocab_size, shape).astype("int32")}
     targets = rng.randint(4, config.vocab_size, shape).astype("int32")
-    dataset = tf.data.Dataset.from_tensors((inputs, targets)).repeat()
-    report = {"benchmark": "step_dispatch", "model": args.model, "vocab_size": config.vocab_size,
-              "batch_size": args.batch_size, "length": args.length, "precision": args.precision,
-              "xla_flags": os.environ.get("XLA_FLAGS", ""), "device": tensorflow_device(),
-              "machine": cpu_flags(), "steps": args.steps, "repeats": args.repeats}
+    return tf.data.Dataset.from_tensors((inputs, targets)).repeat()
 
-    keras.config.set_dtype_policy(args.precision)
-    keras.utils.set_random_seed(0)
-    model = kt.Transformer(config)
-    keras.config.set_dtype_policy("float32")
-    training.compile_for_training(model, jit_compile=True)
-    model.make_train_function()
-    iterator = iter(dataset)
-    start = time.perf_counter()
-    float(model.train_function(iterator)["loss"])
-    report["first_step_seconds"] = round(time.perf_counter() - start, 2)
-    print(f"[first step] {report['first_step_seconds']} s", file=sys.stderr, flush=True)
 
+def time_ways(model, iterator, args):
+    """`sync` and `async` (see the module's doc) on `iterator`."""
     def sync_run():
         start = time.perf_counter()
         for _ in range(args.steps):
@@ -108,7 +100,23 @@ def main():
         float(logs["loss"])
         return (time.perf_counter() - start) / args.steps, dispatch / args.steps
 
+    ways = {}
+    for name, run in (("sync", sync_run), ("async", async_run)):
+        run()  # untimed
+        timed = [run() for _ in range(args.repeats)]
+        ways[name] = {"seconds_per_step": round(median([t for t, _ in timed]), 5)}
+        if timed[0][1] is not None:
+            ways[name]["dispatch_seconds"] = round(median([d for _, d in timed]), 5)
+    return ways
+
+
+def time_fit(model, dataset, args):
+    """`fit` and `fit_steps_per_execution` (see the module's doc)."""
+    import keras
+
     class EpochTimer(keras.callbacks.Callback):
+        seconds = []
+
         def on_epoch_begin(self, epoch, logs=None):
             self.start = time.perf_counter()
 
@@ -119,19 +127,10 @@ def main():
         timer = EpochTimer()
         timer.seconds = []
         model.fit(dataset, steps_per_epoch=args.steps, epochs=args.repeats + 1,
-                  callbacks=[timer], verbose=0)
+                  callbacks=[timer], shuffle=False, verbose=0)
         return [seconds / args.steps for seconds in timer.seconds[1:]]
 
-    ways = {}
-    for name, run in (("sync", sync_run), ("async", async_run)):
-        run()  # untimed
-        timed = [run() for _ in range(args.repeats)]
-        ways[name] = {"seconds_per_step": round(median([t for t, _ in timed]), 5)}
-        if timed[0][1] is not None:
-            ways[name]["dispatch_seconds"] = round(median([d for _, d in timed]), 5)
-        print(f"[{name}] {ways[name]}", file=sys.stderr, flush=True)
-    ways["fit"] = {"seconds_per_step": round(median(fit_runs()), 5)}
-    print(f"[fit] {ways['fit']}", file=sys.stderr, flush=True)
+    ways = {"fit": {"seconds_per_step": round(median(fit_runs()), 5)}}
     if args.steps_per_execution > 1:
         # Keras reads it when it makes the train function and when fit makes its iterator.
         model.steps_per_execution = args.steps_per_execution
@@ -141,9 +140,62 @@ def main():
             "steps_per_execution": args.steps_per_execution,
             "seconds_per_step": round(median(fit_runs()), 5),
             "seconds_with_compilation": round(time.perf_counter() - start, 2)}
-        print(f"[fit_steps_per_execution] {ways['fit_steps_per_execution']}",
-              file=sys.stderr, flush=True)
-    report["ways"] = ways
+    return ways
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="base")
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--batch-sizes", default="520",
+                        help="comma-separated rows a batch (each shape compiles once)")
+    parser.add_argument("--length", type=int, default=48)
+    parser.add_argument("--precision", default="mixed_bfloat16")
+    parser.add_argument("--strategy", default="default",
+                        help=f"comma-separated: {', '.join(STRATEGIES)}")
+    parser.add_argument("--steps", type=int, default=40, help="steps a timed run")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each way")
+    parser.add_argument("--steps-per-execution", type=int, default=8)
+    args = parser.parse_args()
+    batch_sizes = [int(rows) for rows in args.batch_sizes.split(",")]
+    strategies = args.strategy.split(",")
+    unknown = sorted(set(strategies) - set(STRATEGIES))
+    if unknown:
+        parser.error(f"--strategy: {', '.join(unknown)} is none of {', '.join(STRATEGIES)}")
+
+    import keras
+
+    import keras_transformer as kt
+    from keras_transformer import training
+
+    config = kt.TransformerConfig.preset(args.model, vocab_size=args.vocab_size)
+    report = {"benchmark": "step_dispatch", "model": args.model, "vocab_size": config.vocab_size,
+              "length": args.length, "precision": args.precision,
+              "xla_flags": os.environ.get("XLA_FLAGS", ""), "device": tensorflow_device(),
+              "machine": cpu_flags(), "steps": args.steps, "repeats": args.repeats, "runs": []}
+    for strategy_name in strategies:
+        strategy = make_strategy(strategy_name)
+        with strategy.scope() if strategy else contextlib.nullcontext():
+            keras.config.set_dtype_policy(args.precision)
+            keras.utils.set_random_seed(0)
+            model = kt.Transformer(config)
+            keras.config.set_dtype_policy("float32")
+            training.compile_for_training(model, jit_compile=True)
+        model.make_train_function()
+        for rows in batch_sizes:
+            dataset = fixed_dataset(config, rows, args.length)
+            iterator = iter(strategy.experimental_distribute_dataset(dataset) if strategy
+                            else dataset)
+            start = time.perf_counter()
+            float(model.train_function(iterator)["loss"])
+            run = {"strategy": strategy_name, "batch_size": rows,
+                   "target_tokens": rows * args.length,
+                   "first_step_seconds": round(time.perf_counter() - start, 2),
+                   **time_ways(model, iterator, args)}
+            if not report["runs"]:  # fit, for the first strategy and batch size
+                run.update(time_fit(model, dataset, args))
+            report["runs"].append(run)
+            print(json.dumps(run), file=sys.stderr, flush=True)  # progress
     print(json.dumps(report, indent=2))
 
 

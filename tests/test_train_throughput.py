@@ -319,7 +319,7 @@ def test_compare_torch_adds_speedup():
                         "--model", "tiny", "--vocab-size", "300", "--batch-size", "8",
                         "--length", "16", "--warmup-steps", "1", "--steps", "3",
                         "--compare-torch", "--torch-compile", "off", "--torch-threads", "1",
-                        timeout=300)
+                        "--profile-steps", "2", timeout=300)
     torch_report = report["torch"]
     assert torch_report["benchmark"] == "torch_transformer"
     assert (torch_report["batch_size"], torch_report["length"],
@@ -333,5 +333,10 @@ def test_compare_torch_adds_speedup():
     assert torch_run["target_tokens_per_second"] == pytest.approx(
         128 / torch_run["seconds_per_step"], rel=1e-2)
     assert ours["torch_compared"] == "float32"
+    # --profile-steps: both profiled after their timed steps; on a CPU, no GPU kernels
+    # (tests/test_kernel_profile.py sums a GPU profile).
+    for profile in (ours["profile"], torch_run["profile"]):
+        assert profile["steps"] == 2 and profile["kernels_per_step"] == 0
+    assert os.path.exists(ours["profile"]["xplane"]) and ours["profile"]["lines"] == {}
     assert ours["speedup_over_torch"] == pytest.approx(
         ours["target_tokens_per_second"] / torch_run["target_tokens_per_second"], rel=1e-2)

@@ -1,0 +1,1 @@
+XLA_FLAGS="--xla_gpu_enable_triton_gemm=false --xla_gpu_enable_command_buffer=" python3 benchmarks/step_dispatch.py --steps 30 --repeats 2  # the same call as 2026-11-28-step_dispatch-h200.command, right after it: XLA launches each kernel apart instead of through CUDA graphs

@@ -1,0 +1,1 @@
+python3 benchmarks/step_dispatch.py --steps 30 --repeats 2  # at d0b70c7 (step_dispatch.py's first form: one batch size, no strategy, its results under "ways") on a second fresh H200 (host: Intel Xeon with AMX), cuBLAS 13 under TensorFlow's 12 soname; XLA_FLAGS as train.py sets them
