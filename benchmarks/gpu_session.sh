@@ -23,10 +23,6 @@
 #    PyTorch compiled at 520 x 48 (fit_overhead.json). It took 129 s on an H200
 #    (2026-11-27, no PyTorch) before its fit twin made as train makes its model (another
 #    compile_ahead, about 55 s): give it 250 s, more with PyTorch.
-# 6. With PROFILE_SECONDS > 0 (default 0), before step 2: where the step's GPU time goes,
-#    train_throughput.py at 520 x 48 against PyTorch compiled at the same batch, each
-#    profiling 5 steps after its 20 timed ones (profile.json, ours.xplane.pb; the kernels
-#    summed by kind by benchmarks/kernel_profile.py). About 100 s on an H200: give it 170.
 # 5. With ALLREDUCE_SECONDS > 0 (default 0), benchmarks/allreduce.py over 2 logical GPUs
 #    with XLA on each replica (allreduce.json; without XLA it was measured on 2026-11-27):
 #    the all-reduce and the optimizer's update alone (compiled, and as Keras runs it), then
@@ -34,6 +30,15 @@
 #    and 280 s were too few on 2026-11-27 (the fourth setup still compiling). They now
 #    compile side by side: all 4 in 116 to 124 s, the whole benchmark 216 s on an H200
 #    (2026-11-28): give it 240 s, in a call of its own.
+# 6. With PROFILE_SECONDS > 0 (default 0), before step 2: where the step's GPU time goes,
+#    train_throughput.py at 520 x 48 against PyTorch compiled at the same batch, each
+#    profiling 5 steps after its 20 timed ones (profile.json, ours.xplane.pb; the kernels
+#    summed by kind by benchmarks/kernel_profile.py; CUPTI 12 carried in .gpu/cupti/, see
+#    below). 126 s on an H200 (2026-11-28): give it 170.
+# 7. With DISPATCH_SECONDS > 0 (default 0), before step 2: whether the host runs ahead of
+#    the GPU, benchmarks/step_dispatch.py at 260 and 520 rows of 48, without a strategy
+#    and under OneDeviceStrategy (dispatch.json). One batch size, one strategy took 100 s
+#    on an H200 (2026-11-28, with fit and steps_per_execution): give it 240.
 # install.log holds nvidia-smi's reading; stderr.log the benchmarks' stderr.
 # A call carries at most 64 MiB with the tree (about 10 MB tracked): make_payload.sh's
 # 55 MB chunks no longer fit; re-split them at 50 MB first
@@ -44,7 +49,7 @@
 # with those modules' log lines in train_warm.log, for where its start goes.
 # Seconds: STEP_SECONDS (0: no step 1), COLD_SECONDS (0: no step 2), WARM_SECONDS,
 # TORCH_SECONDS (0: no PyTorch run in step 2), TEST_SECONDS, FIT_SECONDS, ALLREDUCE_SECONDS,
-# PROFILE_SECONDS.
+# PROFILE_SECONDS, DISPATCH_SECONDS.
 set -u
 out=${OUT:?set OUT to the folder the files go to}
 if [ ! -e /tmp/tfenv.sh ]; then  # not installed on this machine yet
@@ -125,6 +130,17 @@ for name, run in [("ours", ours)] + [("torch", r) for r in torch]:
 print("lines:", ours.get("profile", {}).get("lines"))
 print("speedup_over_torch:", ours.get("speedup_over_torch"), report.get("torch", {}).get("error", "")[:300])
 PY
+fi
+if [ "${DISPATCH_SECONDS:-0}" -gt 0 ]; then  # does the host run ahead of the GPU?
+  timeout "$DISPATCH_SECONDS" python3 benchmarks/step_dispatch.py --batch-sizes 520,260 \
+    --strategy default,one_device --steps 30 --repeats 2 \
+    > "$out/dispatch.json" 2>> "$out/stderr.log"
+  echo "step_dispatch.py exit status $? at $((SECONDS - started)) s"
+  python3 -c "
+import json, sys
+for run in json.load(open(sys.argv[1]))['runs']:
+    print(run['strategy'], run['batch_size'], run['sync'], run['async'], run.get('fit'),
+          run.get('fit_steps_per_execution'))" "$out/dispatch.json" 2>&1 | tail -4
 fi
 if [ "${TEST_SECONDS:-0}" -gt 0 ]; then
   # -v: each result is logged as it comes, so a run cut short by the timeout still says

@@ -30,6 +30,7 @@ HEADLINE_FIELDS = (
     "replicas_over_one_device", "speedup_over_one_gpu", "allreduce_share_of_step", "outside_step_share",
     "first_step_seconds", "sustained_target_tokens_per_second", "ours_over_torch",
     "mfu_bf16_datasheet", "first_steps_seconds", "bleu", "sacrebleu", "sentences_per_second", "seconds_per_batch", "seconds_per_step",
+    "dispatch_seconds",
     "target_tokens_per_second", "tokens_per_second", "pairs_per_second", "mfu",
     "speedup_over_torch", "ratio", "p50_ms", "p95_ms",
     "graph_over_ctranslate2_float32", "best_ours_graph_over_ctranslate2_int8",

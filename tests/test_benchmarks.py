@@ -232,6 +232,31 @@ def test_first_fit_prints_json():
     assert "avx512_bf16" in report["machine"]
 
 
+@pytest.mark.slow
+def test_step_dispatch_prints_json():
+    """Each strategy at each batch size, sync and async; fit and steps_per_execution at
+    the first only."""
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "step_dispatch.py"),
+               "--model", "tiny", "--vocab-size", "300", "--batch-sizes", "4,6",
+               "--length", "8", "--strategy", "default,one_device", "--steps", "3",
+               "--repeats", "1", "--steps-per-execution", "2"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900,
+                            env=dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert [(run["strategy"], run["batch_size"], run["target_tokens"]) for run in report["runs"]] == [
+        ("default", 4, 32), ("default", 6, 48), ("one_device", 4, 32), ("one_device", 6, 48)]
+    for index, run in enumerate(report["runs"]):
+        assert run["sync"]["seconds_per_step"] > 0
+        # Starting a step takes part of the step, at most all of it (rounding aside).
+        assert 0 < run["async"]["dispatch_seconds"] <= run["async"]["seconds_per_step"] + 1e-5
+        assert ("fit" in run) == (index == 0)
+    first = report["runs"][0]
+    assert first["fit"]["seconds_per_step"] > 0
+    assert first["fit_steps_per_execution"]["steps_per_execution"] == 2
+    assert "avx512_bf16" in report["machine"] and report["device"]["type"] == "CPU"
+
+
 def test_input_pipeline_prints_json():
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "input_pipeline.py"),
                "--split", "dev", "--vocab-size", "600", "--epochs", "2",
