@@ -38,7 +38,9 @@
 # 7. With DISPATCH_SECONDS > 0 (default 0), before step 2: whether the host runs ahead of
 #    the GPU, benchmarks/step_dispatch.py at 260 and 520 rows of 48, without a strategy
 #    and under OneDeviceStrategy (dispatch.json). One batch size, one strategy took 100 s
-#    on an H200 (2026-11-28, with fit and steps_per_execution): give it 240.
+#    on an H200 (2026-11-28, with fit and steps_per_execution): give it 240. DISPATCH_VLOG=1
+#    adds a short run with XLA's executable logging which buffers moved since its last run
+#    (dispatch_vlog.log; about 60 s more).
 # install.log holds nvidia-smi's reading; stderr.log the benchmarks' stderr.
 # A call carries at most 64 MiB with the tree (about 10 MB tracked): make_payload.sh's
 # 55 MB chunks no longer fit; re-split them at 50 MB first
@@ -141,6 +143,15 @@ import json, sys
 for run in json.load(open(sys.argv[1]))['runs']:
     print(run['strategy'], run['batch_size'], run['sync'], run['async'], run.get('fit'),
           run.get('fit_steps_per_execution'))" "$out/dispatch.json" 2>&1 | tail -4
+  if [ "${DISPATCH_VLOG:-0}" = 1 ]; then  # do the XLA program's buffers move from step to step?
+    # XLA's GPU executable logs each buffer whose address changed since the last run at
+    # VLOG 5: a CUDA graph over buffers that move is updated every step, on the host.
+    TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=gpu_executable=5,command_buffer_thunk=3 \
+      timeout 120 python3 benchmarks/step_dispatch.py --batch-sizes 520 --steps 5 \
+      --repeats 1 --steps-per-execution 1 > /dev/null 2> "$out/dispatch_vlog.log"
+    echo "address changes logged: $(grep -c "address changed" "$out/dispatch_vlog.log")," \
+      "of them temp: $(grep "address changed" "$out/dispatch_vlog.log" | grep -c "(temp)")"
+  fi
 fi
 if [ "${TEST_SECONDS:-0}" -gt 0 ]; then
   # -v: each result is logged as it comes, so a run cut short by the timeout still says
