@@ -56,6 +56,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -241,7 +242,7 @@ def profile_steps(model, inputs, targets, args):
     from kernel_profile import xspace_kernels
     from kernel_profile import xspace_lines
 
-    directory = args.profile_dir or os.path.join("/tmp", f"train_throughput_profile_{os.getpid()}")
+    directory = args.profile_dir or tempfile.mkdtemp(prefix="train_throughput_profile_")
     tf.profiler.experimental.start(directory, options=tf.profiler.experimental.ProfilerOptions(
         host_tracer_level=1, python_tracer_level=0, device_tracer_level=1))
     start = time.perf_counter()
@@ -527,9 +528,9 @@ def main():
                              "--compare-torch) under the profiler: where the GPU's time "
                              "goes, summed by benchmarks/kernel_profile.py (`profile`)")
     parser.add_argument("--profile-dir", default=None,
-                        help="where TensorFlow's profiler writes its trace (default a "
-                             "folder under /tmp); the `.xplane.pb` in it reads with "
-                             "benchmarks/kernel_profile.py")
+                        help="where TensorFlow's profiler writes its trace (default a new "
+                             "temporary folder, named in the result's `xplane`); the "
+                             "`.xplane.pb` in it reads with benchmarks/kernel_profile.py")
     parser.add_argument("--compare-torch", action="store_true",
                         help="also run benchmarks/torch_transformer.py at the same shape")
     parser.add_argument("--torch-compile", default="off,on",
