@@ -34,7 +34,10 @@
 #    train_throughput.py at 520 x 48 against PyTorch compiled at the same batch, each
 #    profiling 5 steps after its 20 timed ones (profile.json, ours.xplane.pb; the kernels
 #    summed by kind by benchmarks/kernel_profile.py; CUPTI 12 carried in .gpu/cupti/, see
-#    below). 126 s on an H200 (2026-11-28): give it 170.
+#    below). 126 s on an H200 (2026-11-28): give it 170. With PROFILE_GRAPHS=1 (apart
+#    from PROFILE_SECONDS), ours alone profiled with XLA's CUDA graphs kept on (the
+#    profiler turns them off: each kernel launched apart), for the host's real cost a
+#    step (profile_graphs.json, its `profile.host`); about 70 s.
 # 7. With DISPATCH_SECONDS > 0 (default 0), before step 2: whether the host runs ahead of
 #    the GPU, benchmarks/step_dispatch.py at 260 and 520 rows of 48, without a strategy
 #    and under OneDeviceStrategy (dispatch.json). One batch size, one strategy took 100 s
@@ -129,9 +132,27 @@ for name, run in [("ours", ours)] + [("torch", r) for r in torch]:
     print("  ", {k: v["seconds"] for k, v in profile.get("kinds", {}).items()})
     for item in profile.get("top", [])[:8]:
         print("   ", item["seconds"], item["launches"], item["kind"], item["name"][:90])
+    for item in profile.get("host", [])[:6]:
+        print("    host", item["seconds"], item["calls"], item["name"][:90])
 print("lines:", ours.get("profile", {}).get("lines"))
 print("speedup_over_torch:", ours.get("speedup_over_torch"), report.get("torch", {}).get("error", "")[:300])
 PY
+fi
+if [ "${PROFILE_GRAPHS:-0}" = 1 ]; then  # ours again, XLA's CUDA graphs kept on while profiled
+  XLA_FLAGS="--xla_gpu_enable_triton_gemm=false --xla_enable_command_buffers_during_profiling=true" \
+    timeout 120 python3 benchmarks/train_throughput.py --model base --vocab-size 8000 \
+    --batch-size 520 --length 48 --precisions mixed_bfloat16 --xla on --warmup-steps 1 \
+    --steps 20 --profile-steps 5 --profile-dir /tmp/profile_graphs \
+    > "$out/profile_graphs.json" 2>> "$out/stderr.log"
+  echo "profile with CUDA graphs: exit status $? at $((SECONDS - started)) s"
+  python3 -c "
+import json, sys
+run = json.load(open(sys.argv[1]))['results'][0]
+profile = run['profile']
+print(run['seconds_per_step'], {k: profile.get(k) for k in ('kernels_per_step', 'kernel_seconds',
+    'busy_seconds', 'wall_seconds', 'busy_share_of_wall')})
+for item in profile.get('host', [])[:10]:
+  print('   host', item['seconds'], item['calls'], item['name'][:100])" "$out/profile_graphs.json" 2>&1 | tail -12
 fi
 if [ "${DISPATCH_SECONDS:-0}" -gt 0 ]; then  # does the host run ahead of the GPU?
   timeout "$DISPATCH_SECONDS" python3 benchmarks/step_dispatch.py --batch-sizes 520,260 \

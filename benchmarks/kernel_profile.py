@@ -16,6 +16,9 @@ result as `profile`. Per step:
 - `kinds`: seconds by kind of kernel (`KINDS`, read off the kernel's name);
 - `top`: the costliest kernels, with their launches per step and, for XLA, the HLO op
   that launched one of them.
+
+From TensorFlow's profile, `host_summary` lists the host's costliest events per step too
+(`train_throughput.py` puts them in `profile.host`).
 """
 
 import argparse
@@ -149,6 +152,25 @@ def xspace_kernels(path):
                                 line.timestamp_ns * 1e-9 + event.offset_ps * 1e-12,
                                 event.duration_ps * 1e-12, op))
     return kernels
+
+
+def host_summary(path, steps, top=12):
+    """The host's costliest events in an `.xplane.pb` (TensorFlow's and XLA's own
+    trace events on the host's threads: the function call, XLA's launch of the step's
+    kernels, `GpuExecutable::ExecuteThunks`, ...), per step: where the host's time goes.
+    Nested events each count their whole length."""
+    totals = {}
+    for plane in read_xspace(path).planes:
+        if not plane.name.startswith("/host:"):
+            continue
+        for line in plane.lines:
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                seconds, count = totals.get(name, (0.0, 0))
+                totals[name] = (seconds + event.duration_ps * 1e-12, count + 1)
+    costliest = sorted(totals.items(), key=lambda item: -item[1][0])[:top]
+    return [{"name": name[:160], "seconds": round(seconds / steps, 9),
+             "calls": round(count / steps, 1)} for name, (seconds, count) in costliest]
 
 
 def find_xspace(directory):

@@ -238,6 +238,7 @@ def profile_steps(model, inputs, targets, args):
     import tensorflow as tf
 
     from kernel_profile import find_xspace
+    from kernel_profile import host_summary
     from kernel_profile import summarize
     from kernel_profile import xspace_kernels
     from kernel_profile import xspace_lines
@@ -252,7 +253,8 @@ def profile_steps(model, inputs, targets, args):
     tf.profiler.experimental.stop()
     path = find_xspace(directory)
     return {"xplane": path, "lines": xspace_lines(path),
-            **summarize(xspace_kernels(path), args.profile_steps, wall)}
+            **summarize(xspace_kernels(path), args.profile_steps, wall),
+            "host": host_summary(path, args.profile_steps)}
 
 
 def time_real_batches(model, batches, config, args, peaks, fixed_shape,

@@ -98,6 +98,13 @@ def test_an_xspaces_gpu_streams_summed_per_step(tmp_path):
     assert "op" not in summary["top"][1]
 
 
+def test_the_hosts_events_summed_per_step(tmp_path):
+    path = str(tmp_path / "a.xplane.pb")
+    write_xspace(path)  # one host event of 1 ms in the 2 steps
+    assert kernel_profile.host_summary(path, steps=2) == [
+        {"name": "EagerExecute", "seconds": pytest.approx(0.5e-3), "calls": 0.5}]
+
+
 def test_a_gpu_plane_without_stream_lines_keeps_its_own_lines(tmp_path):
     """Older or newer profilers may name their lines otherwise: every line but the
     known derived ones is read then."""
