@@ -17,8 +17,8 @@ result as `profile`. Per step:
 - `top`: the costliest kernels, with their launches per step and, for XLA, the HLO op
   that launched one of them.
 
-From TensorFlow's profile, `host_summary` lists the host's costliest events per step too
-(`train_throughput.py` puts them in `profile.host`).
+From TensorFlow's profile (`summarize_xspace`, which `train_throughput.py` calls) come
+also the host's costliest events per step (`host`).
 """
 
 import argparse
@@ -74,10 +74,11 @@ def summarize(kernels, steps, wall_seconds=None, top=25):
                 "note": "no GPU kernels in the profile (a CPU run, or the tracer saw none)"}
     by_name, kinds = {}, {}
     for name, _, duration, op in kernels:
-        entry = by_name.setdefault(name, {"seconds": 0.0, "launches": 0, "op": op})
+        entry = by_name.setdefault(name, {"seconds": 0.0, "launches": 0, "op": op,
+                                          "kind": kind_of(name)})
         entry["seconds"] += duration
         entry["launches"] += 1
-        kinds[kind_of(name)] = kinds.get(kind_of(name), 0.0) + duration
+        kinds[entry["kind"]] = kinds.get(entry["kind"], 0.0) + duration
     total = sum(kinds.values())
     busy = busy_seconds((s, s + d) for _, s, d, _ in kernels)
     wall = {} if wall_seconds is None else {
@@ -95,7 +96,7 @@ def summarize(kernels, steps, wall_seconds=None, top=25):
         "kinds": {kind: {"seconds": round(seconds / steps, 9),
                          "share": round(seconds / total, 4)}
                   for kind, seconds in sorted(kinds.items(), key=lambda item: -item[1])},
-        "top": [{"name": name[:160], "kind": kind_of(name),
+        "top": [{"name": name[:160], "kind": entry["kind"],
                  "seconds": round(entry["seconds"] / steps, 9),
                  "launches": round(entry["launches"] / steps, 1),
                  **({"op": entry["op"]} if entry["op"] else {})}
@@ -109,10 +110,9 @@ DERIVED_LINES = ("XLA Modules", "XLA Ops", "Async XLA Ops", "TensorFlow Ops",
                  "XLA TraceMe", "Launch Stats")
 
 
-def xspace_lines(path):
-    """{plane: {line: events}} of an `.xplane.pb`'s GPU planes: what `xspace_kernels`
-    chose from."""
-    space = read_xspace(path)
+def xspace_lines(space):
+    """{plane: {line: events}} of an XSpace's GPU planes: what `xspace_kernels` chose
+    from."""
     return {plane.name: {line.name: len(line.events) for line in plane.lines}
             for plane in space.planes if plane.name.startswith("/device:GPU:")}
 
@@ -129,10 +129,9 @@ def read_xspace(path):
     return space
 
 
-def xspace_kernels(path):
-    """The kernels (and copies) that TensorFlow's profiler recorded on the GPUs, from its
-    `.xplane.pb`: the events of each GPU plane's stream lines ("Stream #N...")."""
-    space = read_xspace(path)
+def xspace_kernels(space):
+    """The kernels (and copies) that TensorFlow's profiler recorded on the GPUs, from an
+    XSpace (`read_xspace`): the events of each GPU plane's stream lines ("Stream #N...")."""
     kernels = []
     for plane in space.planes:
         if not plane.name.startswith("/device:GPU:"):
@@ -154,13 +153,13 @@ def xspace_kernels(path):
     return kernels
 
 
-def host_summary(path, steps, top=12):
-    """The host's costliest events in an `.xplane.pb` (TensorFlow's and XLA's own
+def host_summary(space, steps, top=12):
+    """The host's costliest events in an XSpace (TensorFlow's and XLA's own
     trace events on the host's threads: the function call, XLA's launch of the step's
     kernels, `GpuExecutable::ExecuteThunks`, ...), per step: where the host's time goes.
     Nested events each count their whole length."""
     totals = {}
-    for plane in read_xspace(path).planes:
+    for plane in space.planes:
         if not plane.name.startswith("/host:"):
             continue
         for line in plane.lines:
@@ -171,6 +170,15 @@ def host_summary(path, steps, top=12):
     costliest = sorted(totals.items(), key=lambda item: -item[1][0])[:top]
     return [{"name": name[:160], "seconds": round(seconds / steps, 9),
              "calls": round(count / steps, 1)} for name, (seconds, count) in costliest]
+
+
+def summarize_xspace(path, steps, wall_seconds=None, top=25):
+    """An `.xplane.pb` of `steps` steps, read once: `summarize` of its GPU kernels, with
+    the lines they came from (`lines`) and the host's costliest events (`host`)."""
+    space = read_xspace(path)
+    return {"lines": xspace_lines(space),
+            **summarize(xspace_kernels(space), steps, wall_seconds, top),
+            "host": host_summary(space, steps)}
 
 
 def find_xspace(directory):
@@ -197,7 +205,7 @@ def main():
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
     path = find_xspace(args.xplane) if os.path.isdir(args.xplane) else args.xplane
-    print(json.dumps(summarize(xspace_kernels(path), args.steps, args.top), indent=2))
+    print(json.dumps(summarize_xspace(path, args.steps, top=args.top), indent=2))
 
 
 if __name__ == "__main__":

@@ -238,10 +238,7 @@ def profile_steps(model, inputs, targets, args):
     import tensorflow as tf
 
     from kernel_profile import find_xspace
-    from kernel_profile import host_summary
-    from kernel_profile import summarize
-    from kernel_profile import xspace_kernels
-    from kernel_profile import xspace_lines
+    from kernel_profile import summarize_xspace
 
     directory = args.profile_dir or tempfile.mkdtemp(prefix="train_throughput_profile_")
     tf.profiler.experimental.start(directory, options=tf.profiler.experimental.ProfilerOptions(
@@ -252,9 +249,7 @@ def profile_steps(model, inputs, targets, args):
     wall = time.perf_counter() - start
     tf.profiler.experimental.stop()
     path = find_xspace(directory)
-    return {"xplane": path, "lines": xspace_lines(path),
-            **summarize(xspace_kernels(path), args.profile_steps, wall),
-            "host": host_summary(path, args.profile_steps)}
+    return {"xplane": path, **summarize_xspace(path, args.profile_steps, wall)}
 
 
 def time_real_batches(model, batches, config, args, peaks, fixed_shape,

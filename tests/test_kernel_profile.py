@@ -2,6 +2,7 @@
 against sums worked out by hand on a made-up TensorFlow profile (an XSpace with a GPU
 plane, the shape TensorFlow's profiler writes) and made-up PyTorch events."""
 
+import json
 import os
 import sys
 import types
@@ -73,12 +74,13 @@ def test_an_xspaces_gpu_streams_summed_per_step(tmp_path):
     path.parent.mkdir(parents=True)
     write_xspace(str(path))
     assert kernel_profile.find_xspace(str(tmp_path)) == str(path)
-    kernels = kernel_profile.xspace_kernels(str(path))
+    space = kernel_profile.read_xspace(str(path))
+    kernels = kernel_profile.xspace_kernels(space)
     assert len(kernels) == 6  # the derived line's and the host's events left out
     first = min(kernels, key=lambda kernel: kernel[1])
     assert first[0] == "nvjet_sm90_tst_256x128_h_bz_NNT" and first[3] == "custom-call.7"
     assert first[1] == pytest.approx(1000e-9) and first[2] == pytest.approx(3e-6)
-    assert kernel_profile.xspace_lines(str(path)) == {
+    assert kernel_profile.xspace_lines(space) == {
         "/device:GPU:0": {"Stream #7(Compute)": 4, "Stream #9(Memset)": 2, "XLA Ops": 2}}
 
     summary = kernel_profile.summarize(kernels, steps=2, wall_seconds=40e-6)
@@ -101,8 +103,30 @@ def test_an_xspaces_gpu_streams_summed_per_step(tmp_path):
 def test_the_hosts_events_summed_per_step(tmp_path):
     path = str(tmp_path / "a.xplane.pb")
     write_xspace(path)  # one host event of 1 ms in the 2 steps
-    assert kernel_profile.host_summary(path, steps=2) == [
+    assert kernel_profile.host_summary(kernel_profile.read_xspace(path), steps=2) == [
         {"name": "EagerExecute", "seconds": pytest.approx(0.5e-3), "calls": 0.5}]
+
+
+def test_a_profile_read_once_and_summed_from_the_command_line(tmp_path, monkeypatch, capsys):
+    """`summarize_xspace` (what train_throughput.py calls) and the command line, which
+    names a folder: the kernels' summary, the lines and the host's events together;
+    `--top` bounds the kernels listed and is no wall time."""
+    path = tmp_path / "plugins" / "profile" / "run" / "host.xplane.pb"
+    path.parent.mkdir(parents=True)
+    write_xspace(str(path))
+    summary = kernel_profile.summarize_xspace(str(path), steps=2, wall_seconds=40e-6)
+    assert summary["kernel_seconds"] == pytest.approx(4.5e-6)
+    assert summary["wall_seconds"] == pytest.approx(20e-6)
+    assert set(summary["lines"]["/device:GPU:0"]) == {
+        "Stream #7(Compute)", "Stream #9(Memset)", "XLA Ops"}
+    assert [event["name"] for event in summary["host"]] == ["EagerExecute"]
+    monkeypatch.setattr(sys, "argv", ["kernel_profile.py", str(tmp_path), "--steps", "2",
+                                      "--top", "2"])
+    kernel_profile.main()
+    printed = json.loads(capsys.readouterr().out)
+    assert [item["name"] for item in printed["top"]] == [
+        "nvjet_sm90_tst_256x128_h_bz_NNT", "loop_add_fusion_3"]
+    assert "wall_seconds" not in printed and printed["busy_seconds"] == pytest.approx(4e-6)
 
 
 def test_a_gpu_plane_without_stream_lines_keeps_its_own_lines(tmp_path):
@@ -117,7 +141,8 @@ def test_a_gpu_plane_without_stream_lines_keeps_its_own_lines(tmp_path):
     gpu.lines.add(name="Steps").events.add(metadata_id=1, duration_ps=9 * 10**6)
     path = tmp_path / "a.xplane.pb"
     path.write_bytes(space.SerializeToString())
-    [(name, _, seconds, op)] = kernel_profile.xspace_kernels(str(path))
+    [(name, _, seconds, op)] = kernel_profile.xspace_kernels(
+        kernel_profile.read_xspace(str(path)))
     assert (name, op) == ("input_reduce_fusion", None) and seconds == pytest.approx(2e-6)
 
 
