@@ -32,9 +32,9 @@ one process each.
 """
 
 import argparse
-import contextlib
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -47,39 +47,19 @@ if ROOT not in sys.path:
 
 from machine import cpu_flags  # noqa: E402
 from machine import tensorflow_device  # noqa: E402
-
-from keras_transformer.cli.common import use_xla_gpu_flags  # noqa: E402
-
-use_xla_gpu_flags()  # as train.py
+from train_throughput import fixed_batch  # noqa: E402  (and train.py's XLA flags)
 
 STRATEGIES = ("default", "one_device")
 
 
-def median(values):
-    values = sorted(values)
-    middle = len(values) // 2
-    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
-
-
 def make_strategy(name):
+    """`default`: TensorFlow's default strategy (no distribution: a distributed dataset
+    is the dataset itself); `one_device`: as `train` makes it."""
     import tensorflow as tf
 
-    if name == "default":
-        return None
-    gpus = tf.config.list_logical_devices("GPU")
-    return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
+    from keras_transformer import distributed
 
-
-def fixed_dataset(config, rows, length):
-    import numpy as np
-    import tensorflow as tf
-
-    rng = np.random.RandomState(0)
-    shape = (rows, length)
-    inputs = {"encoder_inputs": rng.randint(4, config.vocab_size, shape).astype("int32"),
-              "decoder_inputs": rng.randint(4, config.vocab_size, shape).astype("int32")}
-    targets = rng.randint(4, config.vocab_size, shape).astype("int32")
-    return tf.data.Dataset.from_tensors((inputs, targets)).repeat()
+    return tf.distribute.get_strategy() if name == "default" else distributed.make_strategy(name)
 
 
 def time_ways(model, iterator, args):
@@ -104,9 +84,9 @@ def time_ways(model, iterator, args):
     for name, run in (("sync", sync_run), ("async", async_run)):
         run()  # untimed
         timed = [run() for _ in range(args.repeats)]
-        ways[name] = {"seconds_per_step": round(median([t for t, _ in timed]), 5)}
+        ways[name] = {"seconds_per_step": round(statistics.median([t for t, _ in timed]), 5)}
         if timed[0][1] is not None:
-            ways[name]["dispatch_seconds"] = round(median([d for _, d in timed]), 5)
+            ways[name]["dispatch_seconds"] = round(statistics.median([d for _, d in timed]), 5)
     return ways
 
 
@@ -115,7 +95,9 @@ def time_fit(model, dataset, args):
     import keras
 
     class EpochTimer(keras.callbacks.Callback):
-        seconds = []
+        def __init__(self):
+            super().__init__()
+            self.seconds = []
 
         def on_epoch_begin(self, epoch, logs=None):
             self.start = time.perf_counter()
@@ -125,12 +107,11 @@ def time_fit(model, dataset, args):
 
     def fit_runs():
         timer = EpochTimer()
-        timer.seconds = []
         model.fit(dataset, steps_per_epoch=args.steps, epochs=args.repeats + 1,
                   callbacks=[timer], shuffle=False, verbose=0)
         return [seconds / args.steps for seconds in timer.seconds[1:]]
 
-    ways = {"fit": {"seconds_per_step": round(median(fit_runs()), 5)}}
+    ways = {"fit": {"seconds_per_step": round(statistics.median(fit_runs()), 5)}}
     if args.steps_per_execution > 1:
         # Keras reads it when it makes the train function and when fit makes its iterator.
         model.steps_per_execution = args.steps_per_execution
@@ -138,7 +119,7 @@ def time_fit(model, dataset, args):
         start = time.perf_counter()
         ways["fit_steps_per_execution"] = {
             "steps_per_execution": args.steps_per_execution,
-            "seconds_per_step": round(median(fit_runs()), 5),
+            "seconds_per_step": round(statistics.median(fit_runs()), 5),
             "seconds_with_compilation": round(time.perf_counter() - start, 2)}
     return ways
 
@@ -164,6 +145,7 @@ def main():
         parser.error(f"--strategy: {', '.join(unknown)} is none of {', '.join(STRATEGIES)}")
 
     import keras
+    import tensorflow as tf
 
     import keras_transformer as kt
     from keras_transformer import training
@@ -175,7 +157,7 @@ def main():
               "machine": cpu_flags(), "steps": args.steps, "repeats": args.repeats, "runs": []}
     for strategy_name in strategies:
         strategy = make_strategy(strategy_name)
-        with strategy.scope() if strategy else contextlib.nullcontext():
+        with strategy.scope():
             keras.config.set_dtype_policy(args.precision)
             keras.utils.set_random_seed(0)
             model = kt.Transformer(config)
@@ -183,12 +165,13 @@ def main():
             training.compile_for_training(model, jit_compile=True)
         model.make_train_function()
         for rows in batch_sizes:
-            dataset = fixed_dataset(config, rows, args.length)
-            iterator = iter(strategy.experimental_distribute_dataset(dataset) if strategy
-                            else dataset)
+            dataset = tf.data.Dataset.from_tensors(
+                fixed_batch(config.vocab_size, rows, args.length)).repeat()
+            iterator = iter(strategy.experimental_distribute_dataset(dataset))
             start = time.perf_counter()
             float(model.train_function(iterator)["loss"])
-            run = {"strategy": strategy_name, "batch_size": rows,
+            run = {"strategy": strategy_name, "strategy_class": type(strategy).__name__,
+                   "batch_size": rows,
                    "target_tokens": rows * args.length,
                    "first_step_seconds": round(time.perf_counter() - start, 2),
                    **time_ways(model, iterator, args)}

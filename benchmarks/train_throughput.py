@@ -148,6 +148,18 @@ def progress(message):
     print(f"[{time.perf_counter() - STARTED:.0f} s] {message}", file=sys.stderr, flush=True)
 
 
+def fixed_batch(vocab_size, rows, length):
+    """The fixed batch the steps are timed on: random ids (seed 0) from the vocabulary,
+    past the special ones, `(inputs, targets)` as `fit` takes them."""
+    import numpy as np
+
+    rng = np.random.RandomState(0)
+    shape = (rows, length)
+    inputs = {"encoder_inputs": rng.randint(4, vocab_size, shape).astype("int32"),
+              "decoder_inputs": rng.randint(4, vocab_size, shape).astype("int32")}
+    return inputs, rng.randint(4, vocab_size, shape).astype("int32")
+
+
 def measure(implementations, config, precision, jit_compile, args, peaks, real=None):
     """Results for each implementation at one precision and XLA setting.
 
@@ -161,11 +173,8 @@ def measure(implementations, config, precision, jit_compile, args, peaks, real=N
 
     import keras_transformer as kt
 
-    rng = np.random.RandomState(0)
     shape = (args.batch_size, args.length)
-    inputs = {"encoder_inputs": rng.randint(4, config.vocab_size, shape).astype("int32"),
-              "decoder_inputs": rng.randint(4, config.vocab_size, shape).astype("int32")}
-    targets = rng.randint(4, config.vocab_size, shape).astype("int32")
+    inputs, targets = fixed_batch(config.vocab_size, *shape)
     models, warmup_seconds = {}, {}
     keras.config.set_dtype_policy(precision)
     for implementation in implementations:

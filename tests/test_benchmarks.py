@@ -241,8 +241,10 @@ def test_step_dispatch_prints_json():
                "--length", "8", "--strategy", "default,one_device", "--steps", "3",
                "--repeats", "1", "--steps-per-execution", "2"]
     report, _ = run_benchmark(command)
-    assert [(run["strategy"], run["batch_size"], run["target_tokens"]) for run in report["runs"]] == [
-        ("default", 4, 32), ("one_device", 4, 32)]
+    assert [(run["strategy"], run["strategy_class"], run["batch_size"], run["target_tokens"])
+            for run in report["runs"]] == [
+        ("default", "_DefaultDistributionStrategy", 4, 32),
+        ("one_device", "OneDeviceStrategy", 4, 32)]
     for index, run in enumerate(report["runs"]):
         assert run["sync"]["seconds_per_step"] > 0
         # Starting a step takes part of the step, at most all of it (rounding aside).
