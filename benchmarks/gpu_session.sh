@@ -108,20 +108,19 @@ if [ "${STEP_SECONDS:-130}" -gt 0 ]; then  # STEP_SECONDS=0: straight to the tra
   echo "steps done at $((SECONDS - started)) s"
 fi
 
-if [ "${PROFILE_SECONDS:-0}" -gt 0 ]; then  # where the step's GPU time goes, ours and torch's
-  timeout "$PROFILE_SECONDS" python3 benchmarks/train_throughput.py --model base \
-    --vocab-size 8000 --batch-size 520 --length 48 --precisions mixed_bfloat16 --xla on \
-    --warmup-steps 1 --steps 20 --compare-torch --torch-compile on --profile-steps 5 \
-    --profile-dir /tmp/profile > "$out/profile.json" 2>> "$out/stderr.log"
-  echo "profile: exit status $? at $((SECONDS - started)) s"
-  xplane=$(find /tmp/profile -name "*.xplane.pb" -size -15M 2>/dev/null | head -1)
-  [ -z "$xplane" ] || cp "$xplane" "$out/ours.xplane.pb"
-  python3 - "$out/profile.json" <<'PY'
+# Our step at 520 x 48 with 5 steps profiled after its timed ones, and what its report says.
+profile_step() {  # seconds, report's name, then train_throughput.py's further flags
+  local seconds=$1 name=$2; shift 2
+  timeout "$seconds" python3 benchmarks/train_throughput.py --model base --vocab-size 8000 \
+    --batch-size 520 --length 48 --precisions mixed_bfloat16 --xla on --warmup-steps 1 \
+    --steps 20 --profile-steps 5 "$@" > "$out/$name.json" 2>> "$out/stderr.log"
+  echo "$name: exit status $? at $((SECONDS - started)) s"
+  python3 - "$out/$name.json" <<'PY'
 import json, sys
 try:
     report = json.load(open(sys.argv[1]))
 except ValueError:
-    sys.exit("profile: no report")
+    sys.exit("no report")
 ours = report["results"][0]
 torch = [r for r in report.get("torch", {}).get("results", ()) if r.get("status") == "ok"]
 for name, run in [("ours", ours)] + [("torch", r) for r in torch]:
@@ -132,27 +131,22 @@ for name, run in [("ours", ours)] + [("torch", r) for r in torch]:
     print("  ", {k: v["seconds"] for k, v in profile.get("kinds", {}).items()})
     for item in profile.get("top", [])[:8]:
         print("   ", item["seconds"], item["launches"], item["kind"], item["name"][:90])
-    for item in profile.get("host", [])[:6]:
+    for item in profile.get("host", [])[:8]:
         print("    host", item["seconds"], item["calls"], item["name"][:90])
 print("lines:", ours.get("profile", {}).get("lines"))
-print("speedup_over_torch:", ours.get("speedup_over_torch"), report.get("torch", {}).get("error", "")[:300])
+if "torch" in report:
+    print("speedup_over_torch:", ours.get("speedup_over_torch"), report["torch"].get("error", "")[:300])
 PY
+}
+if [ "${PROFILE_SECONDS:-0}" -gt 0 ]; then  # where the step's GPU time goes, ours and torch's
+  profile_step "$PROFILE_SECONDS" profile --compare-torch --torch-compile on --profile-dir /tmp/profile
+  xplane=$(find /tmp/profile -name "*.xplane.pb" -size -15M 2>/dev/null | head -1)
+  [ -z "$xplane" ] || cp "$xplane" "$out/ours.xplane.pb"
 fi
 if [ "${PROFILE_GRAPHS:-0}" = 1 ]; then  # ours again, XLA's CUDA graphs kept on while profiled
-  XLA_FLAGS="--xla_gpu_enable_triton_gemm=false --xla_enable_command_buffers_during_profiling=true" \
-    timeout 120 python3 benchmarks/train_throughput.py --model base --vocab-size 8000 \
-    --batch-size 520 --length 48 --precisions mixed_bfloat16 --xla on --warmup-steps 1 \
-    --steps 20 --profile-steps 5 --profile-dir /tmp/profile_graphs \
-    > "$out/profile_graphs.json" 2>> "$out/stderr.log"
-  echo "profile with CUDA graphs: exit status $? at $((SECONDS - started)) s"
-  python3 -c "
-import json, sys
-run = json.load(open(sys.argv[1]))['results'][0]
-profile = run['profile']
-print(run['seconds_per_step'], {k: profile.get(k) for k in ('kernels_per_step', 'kernel_seconds',
-    'busy_seconds', 'wall_seconds', 'busy_share_of_wall')})
-for item in profile.get('host', [])[:10]:
-  print('   host', item['seconds'], item['calls'], item['name'][:100])" "$out/profile_graphs.json" 2>&1 | tail -12
+  # (train_throughput.py adds train's own XLA flags to these)
+  XLA_FLAGS=--xla_enable_command_buffers_during_profiling=true \
+    profile_step 120 profile_graphs --profile-dir /tmp/profile_graphs
 fi
 if [ "${DISPATCH_SECONDS:-0}" -gt 0 ]; then  # does the host run ahead of the GPU?
   timeout "$DISPATCH_SECONDS" python3 benchmarks/step_dispatch.py --batch-sizes 520,260 \
