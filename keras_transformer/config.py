@@ -188,11 +188,15 @@ def _one_of(choices):
 # Names that older runs' and exports' config.json files use.
 _RENAMED = {"TransformerConfig": {"max_length": "max_positions"},
             "TrainingConfig": {"max_length": "max_sentence_tokens"}}
+# Fields that older runs' config.json files lack, with the value those runs
+# trained with (a resumed run reads the batches it would have read).
+_ADDED = {"TrainingConfig": {"unpunctuated_share": 0.0}}
 
 
 def _from_dict(cls, values):
     renamed = _RENAMED.get(cls.__name__, {})
     values = {renamed.get(name, name): value for name, value in values.items()}
+    values = {**_ADDED.get(cls.__name__, {}), **values}
     known = {field.name for field in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -278,6 +282,12 @@ class TrainingConfig:
             checkpoints count updates.
         max_sentence_tokens: the longest source or target sentence trained on,
             in tokens; longer pairs are dropped and counted.
+        unpunctuated_share: the share of the training pairs ending in
+            punctuation that lose it, drawn afresh each epoch, so that the model
+            learns to end a sentence that has none: trained on a corpus whose
+            every line ends in punctuation (the bundled Bible), it otherwise
+            runs an input such as "Jesus wept" on in loops. 0: the pairs as they
+            are (the paper's recipe).
         warmup_steps: of the learning-rate schedule (paper: 4000). With
             `learning_rate_scale` it sets the peak learning rate,
             `scale * (d_model * warmup_steps)^-0.5` (3.6e-3 for d_model 256).
@@ -339,6 +349,7 @@ class TrainingConfig:
     tokens_per_batch: int = 4096
     accumulate_steps: int = 1
     max_sentence_tokens: int = 128
+    unpunctuated_share: float = 0.5
     warmup_steps: int = 300
     learning_rate_scale: float = 1.0
     checkpoint_every: int = 250
@@ -369,6 +380,8 @@ class TrainingConfig:
                      "length_buckets"):
             value = getattr(self, name)
             _require(name, value, value >= 0, "must be >= 0", "TrainingConfig")
+        _require("unpunctuated_share", self.unpunctuated_share,
+                 0 <= self.unpunctuated_share <= 1, "must be between 0 and 1", "TrainingConfig")
         _require("learning_rate_scale", self.learning_rate_scale,
                  self.learning_rate_scale > 0, "must be > 0", "TrainingConfig")
         models = (AUTO_MODEL, *_PRESETS)
@@ -415,8 +428,9 @@ class TrainingConfig:
         values = dict(
             data="tfds:wmt14_translate/de-en", model=model, vocab_size=37000,
             vocab_sentences=2_000_000, steps=300_000 if big else 100_000,
-            tokens_per_batch=25000, max_sentence_tokens=256, warmup_steps=PAPER_WARMUP_STEPS,
-            learning_rate_scale=1.0, checkpoint_every=PAPER_CHECKPOINT_EVERY,
+            tokens_per_batch=25000, max_sentence_tokens=256, unpunctuated_share=0.0,
+            warmup_steps=PAPER_WARMUP_STEPS, learning_rate_scale=1.0,
+            checkpoint_every=PAPER_CHECKPOINT_EVERY,
             keep_checkpoints=20 if big else 5, average_last=20 if big else 5,
             bleu_every=10_000, bleu_sentences=500, test_sentences=1_000_000,
         )

@@ -303,7 +303,9 @@ def make_batches(config, tokenizer, train_pairs, dev_pairs, strategy):
                       max_sentence_tokens=config.max_sentence_tokens,
                       num_replicas=strategy.num_replicas_in_sync)
     train_batches = data.TrainingBatches(train_pairs, seed=config.seed,
-                                         num_buckets=config.length_buckets or None, **batch_args)
+                                         num_buckets=config.length_buckets or None,
+                                         unpunctuated_share=config.unpunctuated_share,
+                                         **batch_args)
     shapes = train_batches.shapes
     print(f"Batches in {len(shapes)} shapes (rows x length): "
           f"{', '.join(f'{rows}x{length}' for rows, length, _ in shapes)}; padding "

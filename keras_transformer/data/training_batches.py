@@ -19,7 +19,15 @@ buckets of pairs // batch size), batch s of the run is batch s % B of epoch s //
 and `dataset(start_step)` plans one epoch to start there: resuming at step 100000
 costs what resuming at step 10 does, and gives exactly the batches the run would
 have read without stopping. No batch has filler rows.
+
+Each epoch may also draw, from `(seed, epoch)` too, a share of the pairs that lose
+the punctuation ending both their sides (`unpunctuated_share`): a corpus whose
+every line ends in punctuation, as the bundled Bible's, otherwise teaches the model
+to end a translation only after one, and an input without it ("Jesus wept") runs
+on in loops to the length limit.
 """
+
+import unicodedata
 
 import numpy as np
 import tensorflow as tf
@@ -56,10 +64,15 @@ class TrainingBatches:
             `bucket_lengths(max_sentence_tokens)`.
         num_buckets: see `bucket_boundaries`: on an accelerator, where XLA
             compiles the training step once per batch shape, a few (8).
+        unpunctuated_share: the share of pairs, drawn afresh each epoch, whose
+            trailing punctuation pieces are dropped from both sides, where both
+            end in some and keep a word. 0: every pair as it is.
 
     Attributes:
         pairs: int, the pairs kept.
         pairs_too_long: int, the pairs dropped for their length.
+        punctuated: int, the kept pairs whose both sides end in punctuation: the
+            ones that `unpunctuated_share` draws from.
         batches_per_epoch: int.
         bucket_boundaries: the buckets' padded lengths (list of ints).
         shapes: the `(rows, source length, target length)` of the batches
@@ -78,18 +91,25 @@ class TrainingBatches:
     """
 
     def __init__(self, pairs, tokenizer, tokens_per_batch=25000, max_sentence_tokens=256, *,
-                 seed, num_replicas=1, bucket_boundaries=None, num_buckets=None):
+                 seed, num_replicas=1, bucket_boundaries=None, num_buckets=None,
+                 unpunctuated_share=0.0):
         if max_sentence_tokens < 1:
             raise ValueError("max_sentence_tokens must be positive. "
                              f"Received: max_sentence_tokens={max_sentence_tokens}")
+        if not 0 <= unpunctuated_share <= 1:
+            raise ValueError("unpunctuated_share must be between 0 and 1. "
+                             f"Received: unpunctuated_share={unpunctuated_share}")
         self.seed = int(seed)
+        self.unpunctuated_share = float(unpunctuated_share)
         source, target = _tokenize(pairs, tokenizer)
+        trims = _final_punctuation(source, target, _punctuation_ids(tokenizer))
         source_lengths, target_lengths = np.diff(source[1]), np.diff(target[1])
         # The decoder reads BOS + target and predicts target + EOS: one token more.
         length = np.maximum(source_lengths, target_lengths + 1)
         keep = length <= max_sentence_tokens
         self.pairs_too_long = int((~keep).sum())
         self.pairs = int(keep.sum())
+        self.punctuated = int((trims[0][keep] > 0).sum())
         if bucket_boundaries is None and num_buckets and self.pairs:
             bucket_boundaries = fit_bucket_lengths(length[keep], num_buckets,
                                                    max_sentence_tokens)
@@ -120,6 +140,7 @@ class TrainingBatches:
             variables = dict(
                 source_values=_kept_values(*source, keep), source_lengths=source_lengths[keep],
                 target_values=_kept_values(*target, keep), target_lengths=target_lengths[keep],
+                source_trim=trims[0][keep], target_trim=trims[1][keep],
                 bucket=bucket.astype(np.int32))
             self._corpus = {name: tf.Variable(value, trainable=False, name=name)
                             for name, value in variables.items()}
@@ -190,15 +211,27 @@ class TrainingBatches:
         batch_bucket = tf.gather(tf.boolean_mask(sorted_bucket, full), starts)  # (B,)
         batch_seed = tf.stack([tf.constant(self.seed, tf.int64), -1 - epoch])
         permutation = tf.argsort(tf.random.stateless_uniform(tf.shape(starts), seed=batch_seed))
+        trims = None
+        if self.unpunctuated_share:  # this epoch's unpunctuated pairs
+            drawn = tf.random.stateless_uniform(
+                tf.shape(bucket), seed=tf.random.experimental.stateless_fold_in(seed, 1))
+            trims = {side: tf.where(drawn < self.unpunctuated_share,
+                                    self._corpus[f"{side}_trim"], 0)
+                     for side in ("source", "target")}
+
+        def rows(side, indices):
+            ids = tf.gather(tf.RaggedTensor.from_row_lengths(
+                self._corpus[f"{side}_values"], self._corpus[f"{side}_lengths"],
+                validate=False), indices)
+            if trims is None:
+                return ids
+            lengths = ids.row_lengths() - tf.cast(tf.gather(trims[side], indices), tf.int64)
+            return tf.RaggedTensor.from_tensor(ids.to_tensor(), lengths=lengths)
 
         def pad(start, bucket):
             indices = order[start:start + self._sizes[bucket]]
-            source, target = (
-                tf.gather(tf.RaggedTensor.from_row_lengths(
-                    self._corpus[f"{side}_values"], self._corpus[f"{side}_lengths"],
-                    validate=False), indices)
-                for side in ("source", "target"))
-            return pad_batch(source, target, self._lengths[bucket], self._sizes[bucket])
+            return pad_batch(rows("source", indices), rows("target", indices),
+                             self._lengths[bucket], self._sizes[bucket])
 
         return tf.data.Dataset.from_tensor_slices(
             (tf.gather(starts, permutation), tf.gather(batch_bucket, permutation))
@@ -241,3 +274,36 @@ def _tokenize(pairs, tokenizer):
 
 def _kept_values(values, row_splits, keep):
     return values[np.repeat(keep, np.diff(row_splits))]
+
+
+def _punctuation_ids(tokenizer):
+    """A boolean array over the vocabulary: True for the pieces that are only
+    punctuation (".", "?", ".”", "▁¿") or a word boundary ("▁", as before the
+    "?" of "Quoi ?"): the pieces that may end a sentence after its last word."""
+    pieces = tokenizer.id_to_token(tf.range(tokenizer.vocab_size)).numpy()
+    return np.array([_is_punctuation(piece.decode("utf-8", "replace")) for piece in pieces])
+
+
+def _is_punctuation(piece):
+    text = piece.replace("▁", "")  # sentencepiece's word boundary
+    return all(unicodedata.category(char).startswith("P") for char in text) and (
+        bool(text) or piece == "▁")
+
+
+def _final_punctuation(source, target, is_punctuation):
+    """`(source_trim, target_trim)`, int32 arrays over the pairs: how many pieces
+    of punctuation end each side, where both sides end in some and keep a piece
+    that is not; else 0 on both."""
+    sides = []
+    for values, row_splits in (source, target):
+        starts, ends = row_splits[:-1], row_splits[1:]
+        # The last piece of each row that is not punctuation (-1: none).
+        word = np.where(is_punctuation[values], -1, np.arange(values.size))
+        last_word = np.full(starts.size, -1)
+        filled = ends > starts
+        if filled.any():
+            last_word[filled] = np.maximum.reduceat(word, starts[filled])
+        sides.append(np.where(last_word >= starts, ends - 1 - last_word, 0))
+    both = (sides[0] > 0) & (sides[1] > 0)
+    return tuple(np.where(both, side, 0).astype(np.int32) for side in sides)
+

@@ -1,7 +1,9 @@
 import collections
+import unicodedata
 
 import numpy as np
 import pytest
+import sentencepiece
 
 from keras_transformer import data
 from tests.data.test_batching import BUDGET, MAX_LENGTH, read_batches, reference_pairs
@@ -133,3 +135,66 @@ def test_the_listed_shapes_are_the_batch_shapes(dev_pairs, tokenizer, reference)
         assert batches.padding["source"] == pytest.approx(1 - real_source / padded, abs=0.02)
         assert batches.padding["target"] == pytest.approx(1 - real_target / padded, abs=0.02)
     assert few.padding["source"] > fine.padding["source"]
+
+
+def without_final_punctuation(text):
+    """The slow twin of the unpunctuated pairs: the text without the punctuation
+    and spaces that end it, cut character by character."""
+    end = len(text)
+    while end and (unicodedata.category(text[end - 1]).startswith("P") or text[end - 1].isspace()):
+        end -= 1
+    return text[:end]
+
+
+@pytest.fixture(scope="module")
+def unpunctuated_reference(dev_pairs, tokenizer):
+    """`[(pair's ids, its ids without final punctuation)]` for the kept pairs whose
+    both sides end in punctuation, tokenized by sentencepiece's Python API."""
+    processor = sentencepiece.SentencePieceProcessor(model_proto=tokenizer.model_proto)
+    result = []
+    for pair in dev_pairs.as_numpy_iterator():
+        texts = [pair[side].decode("utf-8") for side in ("source", "target")]
+        cut = [without_final_punctuation(text) for text in texts]
+        ids = tuple(tuple(processor.encode(text)) for text in texts)
+        if max(len(ids[0]), len(ids[1]) + 1) > MAX_LENGTH:
+            continue
+        if all(c and c != text for c, text in zip(cut, texts)):
+            result.append((ids, tuple(tuple(processor.encode(text)) for text in cut)))
+    return result
+
+
+def test_unpunctuated_pairs_lose_the_punctuation_that_ends_both_sides(
+        dev_pairs, tokenizer, reference, unpunctuated_reference):
+    kept = reference[0]
+    assert 0.9 * len(kept) < len(unpunctuated_reference) < len(kept)  # the Bible's verses
+    every = data.TrainingBatches(dev_pairs, tokenizer, BUDGET, MAX_LENGTH, seed=5,
+                                 unpunctuated_share=1.0)
+    assert every.punctuated == len(unpunctuated_reference)
+    rows = [row for _, pairs in read_batches(every.dataset().take(every.batches_per_epoch))
+            for row in pairs]
+    cut = dict(unpunctuated_reference)
+    expected = collections.Counter(cut.get(pair, pair) for pair in kept)
+    assert not collections.Counter(rows) - expected
+    stripped = set(cut.values())
+    assert sum(row in stripped for row in rows) > 0.9 * len(rows)
+
+
+def test_a_share_of_pairs_is_drawn_afresh_each_epoch(dev_pairs, tokenizer, reference,
+                                                     unpunctuated_reference):
+    half = data.TrainingBatches(dev_pairs, tokenizer, BUDGET, MAX_LENGTH, seed=5,
+                                unpunctuated_share=0.5)
+    stripped = {cut for _, cut in unpunctuated_reference}
+
+    def drawn(epoch):
+        rows = [row for _, pairs in read_batches(half.epoch(epoch)) for row in pairs]
+        return {row for row in rows if row in stripped}, len(rows)
+
+    first, rows = drawn(0)
+    # Binomial: n punctuated pairs, p = 0.5; 5 standard deviations either side.
+    n = rows * len(unpunctuated_reference) / len(reference[0])
+    assert abs(len(first) - n / 2) < 5 * (n / 4) ** 0.5
+    assert drawn(0)[0] == first  # planned from (seed, epoch): a resume reads the same
+    assert drawn(1)[0] != first
+    with pytest.raises(ValueError, match="unpunctuated_share must be between 0 and 1"):
+        data.TrainingBatches(dev_pairs, tokenizer, BUDGET, MAX_LENGTH, seed=5,
+                             unpunctuated_share=1.5)
