@@ -47,8 +47,6 @@ import subprocess
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
@@ -57,7 +55,10 @@ if ROOT not in sys.path:
 from machine import cpu_flags  # noqa: E402
 from machine import tensorflow_device  # noqa: E402
 
+from keras_transformer.cli.common import use_command_environment  # noqa: E402
 from keras_transformer.cli.common import use_xla_gpu_flags  # noqa: E402
+
+use_command_environment()  # as the commands: TensorFlow quiet, its BFC allocator
 
 use_xla_gpu_flags()  # as train.py: XLA's GEMMs from cuBLAS on a GPU
 

@@ -22,11 +22,13 @@ import sys
 import time
 
 START = time.monotonic()
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
+from keras_transformer.cli.common import use_command_environment  # noqa: E402
 from keras_transformer.cli.common import use_xla_gpu_flags  # noqa: E402
+
+use_command_environment()  # as the commands: TensorFlow quiet, its BFC allocator
 
 use_xla_gpu_flags()  # as train.py
 

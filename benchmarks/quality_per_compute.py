@@ -50,14 +50,15 @@ import time
 from machine import cpu_flags
 import reporting
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# As train.py: TensorFlow's BFC allocator keeps freed CPU buffers for the next step.
-os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 # TensorFlow's and sentencepiece's log lines (a light import: no TensorFlow).
 from keras_transformer.cli.common import LIBRARY_LOG_LINE  # noqa: E402
+from keras_transformer.cli.common import use_command_environment  # noqa: E402
+
+# As the commands (and train, which it runs with this environment): TensorFlow quiet,
+# its BFC allocator.
+use_command_environment()
 # The training command, as pip installs it (`keras-transformer train`).
 TRAIN_COMMAND = [sys.executable, "-m", "keras_transformer", "train"]
 SYSTEMS = ("ours", "keras_hub")

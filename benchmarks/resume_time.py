@@ -24,9 +24,11 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 from machine import cpu_flags  # noqa: E402
+
+from keras_transformer.cli.common import use_command_environment  # noqa: E402
+
+use_command_environment()  # as the commands: TensorFlow quiet, its BFC allocator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = [sys.executable, os.path.join(ROOT, "train.py")]

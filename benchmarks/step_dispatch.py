@@ -38,8 +38,6 @@ import statistics
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
@@ -48,6 +46,10 @@ if ROOT not in sys.path:
 from machine import cpu_flags  # noqa: E402
 from machine import tensorflow_device  # noqa: E402
 from train_throughput import fixed_batch  # noqa: E402  (and train.py's XLA flags)
+
+from keras_transformer.cli.common import use_command_environment  # noqa: E402
+
+use_command_environment()  # as the commands: TensorFlow quiet, its BFC allocator
 
 STRATEGIES = ("default", "one_device")
 

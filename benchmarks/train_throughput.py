@@ -59,11 +59,6 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# As train.py: TensorFlow's BFC allocator keeps freed CPU buffers for the next step
-# (set TF_CPU_ALLOCATOR_USE_BFC=false to measure without it).
-os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:  # keras_transformer and the command lines' corpus flags
@@ -74,7 +69,12 @@ from machine import mfu_fields  # noqa: E402
 from machine import tensorflow_device  # noqa: E402
 from machine import tensorflow_peaks  # noqa: E402
 
+from keras_transformer.cli.common import use_command_environment  # noqa: E402
 from keras_transformer.cli.common import use_xla_gpu_flags  # noqa: E402
+
+# As train: TensorFlow quiet, its BFC allocator (TF_CPU_ALLOCATOR_USE_BFC=false
+# measures without it).
+use_command_environment()
 
 use_xla_gpu_flags()  # as train.py: XLA's GEMMs from cuBLAS on a GPU (XLA_FLAGS overrides)
 

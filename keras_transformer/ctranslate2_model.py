@@ -24,6 +24,8 @@ import os
 
 import numpy as np
 
+from keras_transformer.decoding_config import PAPER_BEAM_SIZE
+from keras_transformer.decoding_config import PAPER_EXTRA_LENGTH
 from keras_transformer.durable import write_atomically
 
 SENTENCEPIECE_FILENAME = "sentencepiece.model"
@@ -177,8 +179,8 @@ def _layer_norm(norm, weights, name):
     norm.beta = weights[f"{name}/beta"]
 
 
-def translate_ctranslate2(model_dir, texts, beam_size=4, length_penalty=0.0, extra_length=50,
-                          max_batch_size=32, **options):
+def translate_ctranslate2(model_dir, texts, beam_size=PAPER_BEAM_SIZE, length_penalty=0.0,
+                          extra_length=PAPER_EXTRA_LENGTH, max_batch_size=32, **options):
     """Translates `texts` with a CTranslate2 export and returns the translations.
 
     The sources are tokenized with the export's sentencepiece model; outputs are

@@ -63,6 +63,8 @@ import tensorflow as tf
 from keras_transformer import beam_candidates
 from keras_transformer import beam_steps
 from keras_transformer import search_arguments
+from keras_transformer.decoding_config import PAPER_ALPHA
+from keras_transformer.decoding_config import PAPER_BEAM_SIZE
 from keras_transformer.decoding_config import positive_int
 # Public here too: the score of a finished hypothesis is log P(Y) / lp(Y).
 from keras_transformer.beam_steps import length_penalty  # noqa: F401
@@ -172,8 +174,8 @@ def beam_search(
     vocab_size,
     max_output_length,
     eos_id,
-    beam_size=4,
-    alpha=0.6,
+    beam_size=PAPER_BEAM_SIZE,
+    alpha=PAPER_ALPHA,
     max_output_lengths=None,
     padding_id=0,
     no_repeat_ngram_size=0,

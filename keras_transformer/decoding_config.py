@@ -23,6 +23,11 @@ PRECISIONS = ("float32", "bfloat16", "float16", AUTO)
 # Also what a model trained with mixed precision runs under as it is.
 MIXED_PRECISIONS = ("mixed_float16", "mixed_bfloat16")
 DEFAULT_BEAM_SIZES = (1, 2, 4, 8)
+# The paper's search (Sec. 6.1): beam 4, length penalty alpha 0.6, outputs of at
+# most the input's length + 50.
+PAPER_BEAM_SIZE = 4
+PAPER_ALPHA = 0.6
+PAPER_EXTRA_LENGTH = 50
 # The settings a request may give (a signature's optional inputs, the flags of
 # translate and evaluate); the others are fixed when the translator is built.
 REQUEST_SETTINGS = ("beam_size", "alpha", "extra_length", "no_repeat_ngram_size")
@@ -30,6 +35,13 @@ REQUEST_SETTINGS = ("beam_size", "alpha", "extra_length", "no_repeat_ngram_size"
 # batch takes, and its memory grows with the text's length.
 DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_INPUT_CHARS = 10_000
+# Translating many sentences (translate, evaluate): sentences per request, sorted
+# by length so that a batch wastes little padding and short ones stop early.
+DEFAULT_BATCH_SIZE = 32
+# With progress="auto", a progress bar shows for inputs of at least this many
+# sentences, where stderr is a terminal (not in a log file, where its carriage
+# returns pile up on one line).
+PROGRESS_MIN_SENTENCES = 200
 # Keys of an export's "translator" settings that are derived from the others.
 _DERIVED = ("padded_batch_sizes", "padded_source_lengths", "ids_only")
 
@@ -111,9 +123,9 @@ class DecodingConfig:
             export (TF Serving: --tensorflow_intra_op_parallelism=1).
     """
 
-    beam_size: int = 4
-    alpha: float = 0.6
-    extra_length: int = 50
+    beam_size: int = PAPER_BEAM_SIZE
+    alpha: float = PAPER_ALPHA
+    extra_length: int = PAPER_EXTRA_LENGTH
     no_repeat_ngram_size: int = 0
     beam_sizes: tuple = dataclasses.field(
         default=DEFAULT_BEAM_SIZES, metadata={"parse": comma_separated_ints})

@@ -24,14 +24,9 @@ import tensorflow_text  # noqa: F401  (registers the ops of a loaded export's to
 import tqdm
 
 from keras_transformer import loading
-
-# Batches are formed from sentences of similar length: sorting by length
-# wastes less padding and lets short batches stop early.
-DEFAULT_BATCH_SIZE = 32
-# With progress="auto", a progress bar appears on inputs with at least this many
-# sentences, where stderr is a terminal (not in a log file, where its carriage
-# returns pile up on one line).
-PROGRESS_MIN_SENTENCES = 200
+from keras_transformer.decoding_config import DEFAULT_BATCH_SIZE
+from keras_transformer.decoding_config import PAPER_ALPHA
+from keras_transformer.decoding_config import PROGRESS_MIN_SENTENCES
 
 
 def translate_sentences(
@@ -53,7 +48,8 @@ def translate_sentences(
             export (a version directory, or a base directory whose largest
             version is used).
         sentences: strings (or bytes) to translate.
-        batch_size: sentences per call.
+        batch_size: sentences per call, at most the translator's
+            `max_batch_size` (a limit set at export).
         progress: True for a progress bar on stderr; "auto" for one only when
             there are at least 200 sentences and stderr is a terminal.
         beam_size, alpha, extra_length, no_repeat_ngram_size: optional
@@ -62,10 +58,17 @@ def translate_sentences(
 
     Returns:
         A list of translations (str), one per sentence.
+
+    Raises:
+        ValueError: a sentence is longer than the translator's
+            `max_input_chars` (checked before any is translated), or the
+            translator refused a request.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1. Received: batch_size={batch_size}")
-    translate = _translate_function(translator_or_export)
+    translator_or_export = _translator(translator_or_export)
+    limits = _request_limits(translator_or_export)
+    batch_size = min(batch_size, limits.get("max_batch_size") or batch_size)
     knobs = {
         name: tf.constant(value, dtype)
         for name, value, dtype in (
@@ -78,6 +81,7 @@ def translate_sentences(
     }
     sentences = [s.decode("utf-8", "replace") if isinstance(s, bytes) else s
                  for s in sentences]
+    _check_lengths(sentences, limits.get("max_input_chars"))
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]), reverse=True)
     translations = [None] * len(sentences)
     if progress == "auto":
@@ -91,7 +95,9 @@ def translate_sentences(
             indices = order[start:start + batch_size]
             batch = tf.constant([sentences[i] for i in indices], tf.string)
             try:
-                outputs = translate(batch, **knobs)["translation"].numpy()
+                # Through the module: a loaded export's functions keep no
+                # reference to it, and its variables go with it.
+                outputs = translator_or_export.translate(batch, **knobs)["translation"].numpy()
             except tf.errors.InvalidArgumentError as error:
                 raise ValueError(
                     f"the translator rejected the request: {_assertion_message(error)}"
@@ -182,7 +188,7 @@ def evaluate(
 # repeated 4-grams blocked; then, at the alpha chosen, the paper's search without
 # blocking, which blocking must beat.
 BLOCKED_NGRAM_SIZE = 4
-ALPHAS = (0.6, 0.8, 1.0, 1.2)
+ALPHAS = (PAPER_ALPHA, 0.8, 1.0, 1.2)
 
 
 def choose_decoding(translator_or_export, pairs, block=BLOCKED_NGRAM_SIZE, alphas=ALPHAS,
@@ -243,7 +249,7 @@ def _first_best(scores):
     return next(key for key, value in scores.items() if value == best)
 
 
-def _translate_function(translator_or_export):
+def _translator(translator_or_export):
     if isinstance(translator_or_export, (str, os.PathLike)):
         translator_or_export = loading.load_export(translator_or_export)
     if getattr(translator_or_export, "translate", None) is None:
@@ -251,13 +257,33 @@ def _translate_function(translator_or_export):
             "translate_sentences needs a Translator, a loaded export or an export "
             f"path. Received: {type(translator_or_export).__name__}"
         )
+    return translator_or_export
 
-    def translate(*args, **kwargs):
-        # Through the module: a loaded export's functions keep no reference to
-        # it, and its variables go with it.
-        return translator_or_export.translate(*args, **kwargs)
 
-    return translate
+def _request_limits(translator):
+    """A translator's request limits, `{"max_batch_size": n, "max_input_chars":
+    n}`: a `Translator`'s config, or the settings an export recorded
+    (`loading.load_export`); {} where unknown."""
+    config = getattr(translator, "config", None)
+    names = ("max_batch_size", "max_input_chars")
+    if hasattr(config, "max_batch_size"):
+        return {name: getattr(config, name) for name in names}
+    settings = getattr(translator, "recorded_settings", {})
+    return {name: settings[name] for name in names if name in settings}
+
+
+def _check_lengths(sentences, max_input_chars):
+    if not max_input_chars:
+        return
+    too_long = [i for i, sentence in enumerate(sentences) if len(sentence) > max_input_chars]
+    if too_long:
+        first = too_long[0]
+        others = f" (and {len(too_long) - 1} more)" if len(too_long) > 1 else ""
+        raise ValueError(
+            f"sentence {first + 1}{others} is longer than the translator's max_input_chars="
+            f"{max_input_chars} characters (a limit set at export): "
+            f"{len(sentences[first])} characters; split it, or export with a larger "
+            "--max-input-chars")
 
 
 def _assertion_message(error):

@@ -32,8 +32,14 @@ def translator_from_run(run_dir, weights="averaged", config=None, **settings):
 
 
 def load_export(path):
-    """Loads an export: a version directory, or a base directory's newest version."""
-    return tf.saved_model.load(export_files.version_directory(path))
+    """Loads an export: a version directory, or a base directory's newest version.
+    The loaded SavedModel's `recorded_settings` are the translator settings the
+    export recorded (`export_files.translator_settings`: its request limits
+    among them), {} for an export that recorded none."""
+    directory = export_files.version_directory(path)
+    export = tf.saved_model.load(directory)
+    export.recorded_settings = export_files.translator_settings(directory)
+    return export
 
 
 def load_translator(export=None, run=None, weights="averaged", config=None, **settings):

@@ -5,10 +5,10 @@ from the run it starts from for one with `--init-from`.
 
 import dataclasses
 import json
-import os
 
 from keras_transformer.config import TrainingConfig
 from keras_transformer.config import TransformerConfig
+from keras_transformer.hardware import available_cores
 from keras_transformer.runs import Run
 from keras_transformer.runs import init_source
 
@@ -104,5 +104,5 @@ def _model_config(config, overrides, model_config_file, saved, model_named, core
         return TransformerConfig.from_dict(values)
     if saved is not None and not overrides:
         return TransformerConfig.from_dict(dict(saved["model"], vocab_size=config.vocab_size))
-    cores = cores or len(os.sched_getaffinity(0))
+    cores = cores or available_cores()
     return TransformerConfig.preset(config.model_preset(cores=cores), **derived, **overrides)

@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import zipfile
 
 import keras
 
@@ -263,17 +264,23 @@ class Run:
         config = TransformerConfig.from_dict(run_config["model"])
         tokenizer = SubwordTokenizer.load(self.vocab_dir)
         weights_path = os.path.join(self.directory, WEIGHTS[weights])
+        other = "final" if weights == "averaged" else "averaged"
         if not os.path.exists(weights_path):
-            other = "final" if weights == "averaged" else "averaged"
             raise FileNotFoundError(
                 f"{weights_path} not found; the run has no {weights} weights "
                 f"(try weights={other!r})"
             )
-        if weights == "final":
-            model = keras.saving.load_model(weights_path, compile=False)  # no optimizer needed
-        else:
-            model = build_transformer(config)
-            model.load_weights(weights_path)
+        try:
+            if weights == "final":
+                model = keras.saving.load_model(weights_path, compile=False)  # no optimizer
+            else:
+                model = build_transformer(config)
+                model.load_weights(weights_path)
+        except (OSError, ValueError, zipfile.BadZipFile) as error:  # cut short, or not ours
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+            raise ValueError(
+                f"{weights_path} cannot be read as the model of {self.config_path} "
+                f"({reason}); was it copied whole? Try weights={other!r}") from None
         if model.config != config:
             raise ValueError(
                 f"{weights_path} holds a model whose config differs from {self.config_path}"

@@ -22,6 +22,7 @@ from keras_transformer import serving_shapes
 from keras_transformer.export_files import CONFIG_FILENAME
 from keras_transformer.export_files import WARMUP_FILENAME
 from keras_transformer.durable import write_atomically
+from keras_transformer.hardware import available_cores
 from keras_transformer.decoding_config import positive_int
 
 SIGNATURES = ("serving_default", "score", "translate", "translate_aligned", "translate_ids",
@@ -44,7 +45,7 @@ def export_translator(
     version=None,
     *,
     config=None,
-    warmup_texts=WARMUP_TEXTS,
+    warmup_texts=None,
     check_texts=None,
     check=True,
 ):
@@ -64,7 +65,9 @@ def export_translator(
         config: optional JSON-ready dict (e.g. the run's config) written with
             the translator's settings to `assets.extra/config.json`.
         warmup_texts: sentences of the TF Serving warm-up requests
-            (`assets.extra/tf_serving_warmup_requests`); empty for none.
+            (`assets.extra/tf_serving_warmup_requests`), within the request
+            limits; empty for none. Default: those of `WARMUP_TEXTS` that fit
+            the limits.
         check_texts: sentences for the check; defaults to `warmup_texts` plus
             an empty and a whitespace-only string.
         check: reload the export in a separate Python process that imports
@@ -75,9 +78,14 @@ def export_translator(
         The path of the version directory.
 
     Raises:
-        ExportError: the version exists already, or the check failed.
+        ValueError: the version exists already, or a warm-up sentence is over
+            the request limits.
+        ExportError: the check failed.
     """
     limits = translator.config
+    if warmup_texts is None:
+        warmup_texts = [text for text in WARMUP_TEXTS
+                        if len(text) <= limits.max_input_chars][:limits.max_batch_size]
     too_long = [text for text in warmup_texts if len(text) > limits.max_input_chars]
     if len(warmup_texts) > limits.max_batch_size or too_long:
         raise ValueError(
@@ -89,7 +97,8 @@ def export_translator(
                else positive_int("version", version, "export_translator"))
     final_path = os.path.join(export_dir, str(version))
     if os.path.exists(final_path):
-        raise ExportError(f"{final_path} exists already; pass another version")
+        raise ValueError(f"{final_path} exists already; pass another version, or none "
+                         "for the next one")
     os.makedirs(export_dir, exist_ok=True)
     temporary_path = os.path.join(export_dir, f".partial-{version}-{os.getpid()}")
     shutil.rmtree(temporary_path, ignore_errors=True)
@@ -171,7 +180,7 @@ def write_model_server_files(export_dir, translator, model_name=None, base_path=
         "max_batch_size": translator.config.max_batch_size,
         "batch_timeout_micros": batch_timeout_micros,
         "max_enqueued_batches": 100,
-        "num_batch_threads": num_batch_threads or os.cpu_count() or 1,
+        "num_batch_threads": num_batch_threads or available_cores(),
     }
     paths = [os.path.join(export_dir, name) for name in (MODELS_CONFIG_FILENAME, BATCHING_FILENAME)]
     # An XLA export's merged batches are padded to its compiled batch sizes (not

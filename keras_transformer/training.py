@@ -28,6 +28,7 @@ from keras_transformer.data.batching import without_autotuning
 from keras_transformer.distributed import is_chief
 from keras_transformer.distributed import is_multi_worker
 from keras_transformer.durable import write_atomically
+from keras_transformer.hardware import available_cores
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import Perplexity
 from keras_transformer.metrics import TargetTokens
@@ -235,7 +236,7 @@ def compile_ahead(model, batches, dev_batches=(), workers=None):
                 pass
             iterator = iter(strategy.experimental_distribute_dataset(dataset))
             jobs += [(function, iterator)] * len(group)
-    workers = workers or os.cpu_count() or 1
+    workers = workers or available_cores()
     traced = time.monotonic() - started
     logger, overlapping = tf.get_logger(), _OverlappingCallsFilter()
     logger.addFilter(overlapping)

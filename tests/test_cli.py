@@ -47,6 +47,11 @@ def assert_one_line_error(result, script, *fragments):
         ("translate.py", ["--export", "/nonexistent"], ["/nonexistent is not a directory"]),
         ("translate.py", ["--export", ".", "missing.txt"], ["missing.txt does not exist"]),
         ("translate.py", ["--export", ".", "--batch-size", "0"], ["--batch-size must be >= 1"]),
+        ("translate.py", ["--export", ".", "--output", "nowhere/x.txt"],
+         ["--output nowhere/x.txt", "nowhere does not exist"]),
+        ("translate.py", ["--export", ".", "--output", "tests"], ["tests is a directory"]),
+        ("evaluate.py", ["--export", ".", "--output", "nowhere/x.txt"],
+         ["nowhere does not exist"]),
         ("evaluate.py", ["--export", ".", "--src", "a.txt"], ["--src and --ref go together"]),
         ("evaluate.py", ["--run", ".", "--limit", "0"], ["--limit must be >= 1"]),
         ("evaluate.py", ["--export", ".", "--run", "."], ["not allowed with"]),
@@ -96,6 +101,28 @@ def test_export_translate_evaluate(run_dir, tmp_path):
 
     result = run("translate.py", "--export", out, source, "--beam-size", "3")
     assert_one_line_error(result, "translate.py", "beam_size must be one of [4]")
+
+    # The same version again is refused as a flag's mistake, the export there kept.
+    saved = (out / "1" / "saved_model.pb").read_bytes()
+    result = run("export.py", "--run", run_dir, "--out", out, "--version", "1", "--no-check")
+    assert_one_line_error(result, "export.py", f"{out}/1 exists already", "another version")
+    assert "check" not in result.stderr
+    assert (out / "1" / "saved_model.pb").read_bytes() == saved
+    assert sorted(os.listdir(out)) == ["1", "batching_parameters.txt", "models.config"]
+
+    # Request limits under translate's batch of 32 and the built-in warm-up: the
+    # export takes the warm-up sentence that fits, translate batches within the
+    # limit, and a line over the character limit is named before any work.
+    limited = tmp_path / "limited"
+    result = run("export.py", "--run", run_dir, "--out", limited, "--beam-sizes", "4",
+                 "--extra-length", "8", "--max-batch-size", "1", "--max-input-chars", "60")
+    assert result.returncode == 0, result.stderr
+    result = run("translate.py", "--export", limited, source)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:-1] == lines
+    result = run("translate.py", "--export", limited, stdin=f"Short.\n{'x' * 61}\n")
+    assert_one_line_error(result, "translate.py", "sentence 2 is longer than",
+                          "max_input_chars=60", "61 characters")
 
     # References that are not the sources: scored against the wrong column, BLEU differs.
     references = tmp_path / "references.txt"
@@ -415,6 +442,14 @@ def test_translate_and_evaluate_show_the_progress_bar_as_the_library_decides(tmp
         assert command.parse_args(["--run", str(tmp_path)]).progress == "auto"
         assert command.parse_args(["--run", str(tmp_path), "--progress"]).progress is True
         assert command.parse_args(["--run", str(tmp_path), "--no-progress"]).progress is False
+
+
+def test_the_weights_flags_name_a_runs_weights():
+    """--weights' choices, written where no Keras is imported, are the run's."""
+    from keras_transformer import runs
+    from keras_transformer.cli import common
+
+    assert common.WEIGHTS == tuple(runs.WEIGHTS)
 
 
 def test_the_command_dispatches_to_its_sub_commands(capsys):

@@ -1,5 +1,8 @@
 """Tests for keras_transformer.evaluation: batch translation and BLEU."""
 
+import os
+import re
+
 import numpy as np
 import pytest
 import sacrebleu
@@ -85,6 +88,22 @@ def test_translate_sentences_passes_decoding_settings(translator):
     assert got == [t.decode() for t in greedy]
     with pytest.raises(ValueError, match=r"beam_size must be one of \[1, 4\]"):
         evaluation.translate_sentences(translator, SENTENCES[:1], beam_size=3)
+
+
+def test_translate_sentences_keeps_within_the_request_limits(translator, tokenizer):
+    """Batches of at most max_batch_size, whatever batch_size says; a sentence over
+    max_input_chars refused by name before any is translated."""
+    limited = serving.Translator(translator.model, tokenizer, extra_length=6,
+                                 max_input_length=16, beam_sizes=(1, 4), max_batch_size=2,
+                                 max_input_chars=60)
+    expected = evaluation.translate_sentences(translator, SENTENCES)
+    assert evaluation.translate_sentences(limited, SENTENCES, batch_size=32) == expected
+    calls = []
+    limited.translate = lambda text, **knobs: calls.append(text) or translator.translate(text)
+    with pytest.raises(ValueError, match=r"sentence 3 \(and 1 more\) is longer than the "
+                                         r"translator's max_input_chars=60 .*: 61 characters"):
+        evaluation.translate_sentences(limited, ["a", "b", "x" * 61, "y" * 70])
+    assert not calls
 
 
 def test_translate_sentences_from_an_export_path(translator, tmp_path):
@@ -290,3 +309,14 @@ def test_load_translator_from_a_run_and_errors(tmp_path, tokenizer):
         loading.load_export(tmp_path / "nowhere")
     with pytest.raises(TypeError, match="needs a Translator"):
         evaluation.translate_sentences(object(), ["a"])
+    # Weights cut short (a copy that stopped): a sentence naming the file, the other weights.
+    for name, weights, other in ((runs.AVERAGED_WEIGHTS, "averaged", "final"),
+                                 (runs.FINAL_MODEL, "final", "averaged")):
+        path = os.path.join(run, name)
+        with open(path, "rb") as f:
+            whole = f.read()
+        with open(path, "wb") as f:
+            f.write(whole[:len(whole) // 2])
+        with pytest.raises(ValueError, match=rf"{re.escape(path)} cannot be read as the model "
+                                             rf"of .*config.json .*Try weights='{other}'"):
+            loading.load_translator(run=run, weights=weights)

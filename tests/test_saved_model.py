@@ -216,7 +216,7 @@ def test_warmup_requests_cover_every_signature(export_path):
 @pytest.mark.slow
 def test_existing_version_is_not_overwritten(export_path, translator):
     base, version = os.path.split(export_path)
-    with pytest.raises(saved_model.ExportError, match="exists already"):
+    with pytest.raises(ValueError, match="exists already"):
         saved_model.export_translator(translator, base, int(version), check=False)
 
 

@@ -230,9 +230,17 @@ def test_any_step_count_model_flags_and_resume_checks(tmp_path):
     assert not re.search(r"^[IWE]\d{4} |LOG\(INFO\)|cuInit|oneDNN", result.stderr, re.M), \
         result.stderr
 
+    def saved_files():
+        names = [runs.AVERAGED_WEIGHTS, "config.json", *(os.path.relpath(path, run)
+                                                         for _, path in checkpoints)]
+        return {name: open(os.path.join(run, name), "rb").read() for name in names}
+
+    before = saved_files()
     other = _train([*QUICK, *shape, "--d-model", "64", "--steps", "7", "--out", run])
     assert other.returncode == 2
     assert "holds a model of another shape ({'d_model': 64}" in other.stderr, other.stderr
+    assert saved_files() == before  # refused: nothing of the run rewritten or removed
+    assert runs.Checkpoints(os.path.join(run, "checkpoints")).list() == checkpoints
 
     longer = _train([*QUICK, *shape, "--steps", "7", "--out", run])
     assert longer.returncode == 0, longer.stderr

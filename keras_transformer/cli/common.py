@@ -15,14 +15,26 @@ import sys
 import threading
 import warnings
 
-# TensorFlow's C++ start-up logs drown the output; TF_CPP_MIN_LOG_LEVEL=0 brings them back.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# TensorFlow's default CPU allocator hands large freed buffers back to the system, so
-# every training step page-faults them in again (the base model's (tokens, vocabulary)
-# logits and their gradient above all; benchmarks/train_throughput.py measures the
-# step); its BFC allocator keeps them for the next step. Read when TensorFlow starts;
-# TF_CPU_ALLOCATOR_USE_BFC=false turns it off.
-os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+# What every command (and benchmark) sets before TensorFlow starts, unless the
+# environment does:
+# - TF_CPP_MIN_LOG_LEVEL: TensorFlow's C++ start-up logs drown the output; 0 brings
+#   them back.
+# - TF_CPU_ALLOCATOR_USE_BFC: TensorFlow's default CPU allocator hands large freed
+#   buffers back to the system, so every training step page-faults them in again
+#   (the base model's (tokens, vocabulary) logits and their gradient above all;
+#   benchmarks/train_throughput.py measures the step); its BFC allocator keeps them
+#   for the next step. false turns it off.
+COMMAND_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_CPU_ALLOCATOR_USE_BFC": "true"}
+
+
+def use_command_environment(environ=None):
+    """Sets each of `COMMAND_ENVIRONMENT` that `environ` (os.environ) does not."""
+    environ = os.environ if environ is None else environ
+    for name, value in COMMAND_ENVIRONMENT.items():
+        environ.setdefault(name, value)
+
+
+use_command_environment()  # every command imports this module before TensorFlow
 
 
 def start_decoding(verbose, parallel_searches=1):
@@ -210,6 +222,43 @@ RUN_DECODING = {"alpha": "the one chosen on its dev set as training ended, else 
                                         "else 0"}
 
 
+# A run's weights (`runs.WEIGHTS`' names; runs imports Keras, these flags must not).
+WEIGHTS = ("averaged", "final")
+
+
+def add_translator_flags(parser, unit):
+    """The flags of a command that translates many sentences (translate,
+    evaluate): its translator (--export, or --run with --weights), --batch-size,
+    the request settings (None: the translator's own) and --progress (`unit`:
+    what the input counts, "lines" or "pairs"). `check_translator_flags` checks
+    them once parsed."""
+    from keras_transformer.decoding_config import DEFAULT_BATCH_SIZE
+    from keras_transformer.decoding_config import PROGRESS_MIN_SENTENCES
+    from keras_transformer.decoding_config import REQUEST_SETTINGS
+
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--export", help="an export directory (written by keras-transformer export)")
+    model.add_argument("--run", help="a training run directory (written by keras-transformer train)")
+    parser.add_argument("--weights", choices=WEIGHTS, default=WEIGHTS[0],
+                        help="with --run: which weights")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+                        help="sentences per batch (at most the export's request limit)")
+    add_decoding_flags(parser, REQUEST_SETTINGS, defaults=dict.fromkeys(REQUEST_SETTINGS))
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default="auto",
+                        help=f"progress bar on stderr (auto: for {PROGRESS_MIN_SENTENCES} "
+                             f"{unit} or more, where stderr is a terminal)")
+
+
+def check_translator_flags(parser, args):
+    """Refuses, before TensorFlow starts, what `add_translator_flags` added and
+    would fail later: a directory that is not one, a batch size below 1."""
+    for flag, path in (("--export", args.export), ("--run", args.run)):
+        if path is not None and not os.path.isdir(path):
+            parser.error(f"{flag} {path} is not a directory")
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be >= 1. Received: {args.batch_size}")
+
+
 def add_decoding_flags(parser, names, defaults=None, reads="an export or a run"):
     """The flags of the `DecodingConfig` fields `names` (`--beam-size` for
     `beam_size`), as `add_config_flags` makes them. `defaults` overrides a
@@ -294,6 +343,15 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+    def check_output(self, flag, path):
+        """Refuses an output file that could not be written, before any work
+        that would be lost with it: its directory missing, or a directory."""
+        directory = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            self.error(f"{flag} {path} is a directory; name a file")
+        if not os.path.isdir(directory):
+            self.error(f"{flag} {path}: its directory {directory} does not exist")
 
 
 # Lines that TensorFlow's and sentencepiece's C++ code writes to stderr whatever

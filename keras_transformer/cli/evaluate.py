@@ -17,7 +17,8 @@ import os
 import sys
 
 from keras_transformer.cli.common import OneLineErrorParser
-from keras_transformer.cli.common import add_decoding_flags
+from keras_transformer.cli.common import add_translator_flags
+from keras_transformer.cli.common import check_translator_flags
 from keras_transformer.cli.common import corpus_source
 from keras_transformer.cli.common import is_named_corpus
 from keras_transformer.cli.common import load_command_translator
@@ -35,11 +36,7 @@ def parse_args(argv, prog=PROG):
         prog=prog, description=__doc__.split("\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    model = parser.add_mutually_exclusive_group(required=True)
-    model.add_argument("--export", help="an export directory (written by keras-transformer export)")
-    model.add_argument("--run", help="a training run directory (written by keras-transformer train)")
-    parser.add_argument("--weights", choices=("averaged", "final"), default="averaged",
-                        help="with --run: which weights")
+    add_translator_flags(parser, "pairs")
     parser.add_argument("--test", default="bundled",
                         help="'bundled', 'tfds:NAME[/CONFIG]', a tab-separated file or "
                              "'SOURCE,TARGET' files, as train's --data (paths may hold "
@@ -50,27 +47,19 @@ def parse_args(argv, prog=PROG):
     parser.add_argument("--source-language", help="TFDS/bundled language key of the source")
     parser.add_argument("--target-language", help="TFDS/bundled language key of the target")
     parser.add_argument("--limit", type=int, default=None, help="score the first N pairs")
-    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
-    # None: the translator's own, which a request leaves out.
-    add_decoding_flags(parser, REQUEST_SETTINGS, defaults=dict.fromkeys(REQUEST_SETTINGS))
     parser.add_argument("--output", help="write the translations here, one a line")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default="auto",
-                        help="progress bar on stderr (auto: for 200 pairs or more, where "
-                             "stderr is a terminal)")
     args = parser.parse_args(argv)
-    for flag, path in (("--export", args.export), ("--run", args.run)):
-        if path is not None and not os.path.isdir(path):
-            parser.error(f"{flag} {path} is not a directory")
+    check_translator_flags(parser, args)
     if (args.src is None) != (args.ref is None):
         parser.error("--src and --ref go together")
     for flag, path in (("--src", args.src), ("--ref", args.ref)):
         if path is not None and not os.path.isfile(path):
             parser.error(f"{flag} {path} does not exist")
+    if args.output:
+        parser.check_output("--output", args.output)
     if args.limit is not None and args.limit < 1:
         parser.error(f"--limit must be >= 1. Received: {args.limit}")
-    if args.batch_size < 1:
-        parser.error(f"--batch-size must be >= 1. Received: {args.batch_size}")
     return args
 
 

@@ -19,6 +19,7 @@ import os
 import sys
 
 from keras_transformer.cli.common import OneLineErrorParser
+from keras_transformer.cli.common import WEIGHTS
 from keras_transformer.cli.common import add_decoding_flags
 from keras_transformer.cli.common import decoding_config
 from keras_transformer.cli.common import start_decoding
@@ -55,10 +56,11 @@ def parse_args(argv, prog=PROG):
     parser.add_argument("--quantization", choices=QUANTIZATIONS, default="float32",
                         help="--format ctranslate2: the weights' type (float16, bfloat16 "
                              "and int8_float16/int8_bfloat16 for a GPU)")
-    parser.add_argument("--weights", choices=("averaged", "final"), default="averaged",
+    parser.add_argument("--weights", choices=WEIGHTS, default=WEIGHTS[0],
                         help="the run's averaged checkpoints (the paper's) or its final model")
     parser.add_argument("--version", type=int, default=None,
-                        help="version directory; default: one more than the largest there")
+                        help="version directory (a new one); default: one more than the "
+                             "largest there")
     add_decoding_flags(parser, DECODING_FLAGS, defaults=FLAG_DEFAULTS, reads="a run")
     parser.add_argument("--model-name", default=None,
                         help="the model's name in the model server's models.config "
@@ -69,7 +71,8 @@ def parse_args(argv, prog=PROG):
                              "tensorflow-text ops")
     parser.add_argument("--warmup-file", default=None,
                         help="sentences (one a line) for the TF Serving warm-up requests "
-                             "and the reload check; default: two built-in sentences")
+                             "and the reload check; default: two built-in sentences (those "
+                             "that fit the request limits)")
     parser.add_argument("--no-check", action="store_true",
                         help="skip reloading the export in a separate process")
     args = parser.parse_args(argv)
@@ -112,7 +115,7 @@ def main(argv=None, prog=PROG):
         for note in notes:
             print(f"{prog}: {note}", flush=True)
         translator = serving.Translator(model, None if args.ids_only else tokenizer, config)
-        warmup = saved_model.WARMUP_TEXTS
+        warmup = None  # the built-in sentences that fit the request limits
         if args.warmup_file is not None:
             with open(args.warmup_file, encoding="utf-8") as f:
                 warmup = [line.rstrip("\n") for line in f if line.strip()][:32]

@@ -32,10 +32,6 @@ from keras_transformer.cli.common import use_compilation_cache
 from keras_transformer.cli.common import use_xla_gpu_flags
 from keras_transformer.decoding_config import one_beam_size
 
-# The budget counts from here: imports, the vocabulary, graph building and compilation.
-# CPU time counts from the process's start, as `time.process_time()` and log.csv's
-# cpu_seconds do.
-_START = {"wall": time.monotonic(), "cpu": 0.0}
 # TransformerConfig fields that train sets itself: the vocabulary's size and the
 # position table's length (from --max-sentence-tokens).
 _DERIVED_MODEL_FIELDS = ("vocab_size", "max_positions")
@@ -80,6 +76,10 @@ def parse_args(argv, prog=PROG):
 
 
 def main(argv=None, prog=PROG):
+    # The budget counts from here: TensorFlow's import, the vocabulary, graph
+    # building and compilation. CPU time counts from the process's start, as
+    # `time.process_time()` and log.csv's cpu_seconds do.
+    start = {"wall": time.monotonic(), "cpu": 0.0}
     # Right for decoding only (cli/common.start_decoding): oneDNN would go on
     # multiplying by the weights as first reordered while training changes them.
     os.environ.pop("TF_ONEDNN_ASSUME_FROZEN_WEIGHTS", None)
@@ -97,33 +97,38 @@ def main(argv=None, prog=PROG):
     if main_thread:
         previous = signal.signal(signal.SIGTERM, StoppedBySignal.raise_it)
     try:
-        return run(args, fields, model_overrides, explicit, prog)
+        return run(args, fields, model_overrides, explicit, start, prog)
     except (ValueError, FileNotFoundError) as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stopped:  # a sentence, not TensorFlow's stack
-        print(f"\n{prog}: stopped. {interrupted_run(args.out)}", file=sys.stderr)
-        return 128 + getattr(stopped, "signal", signal.SIGINT)
+        print(file=sys.stderr)
+        return stopped_by(getattr(stopped, "signal", signal.SIGINT), args.out, prog)
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
 
 
-def interrupted_run(out, step=None):
-    """What a stopped run left: where the same command resumes it (`step`: where
-    it stopped, if it wrote a checkpoint there)."""
+def stopped_by(signal_number, out, prog, step=None):
+    """Says what the run stopped by `signal_number` (Ctrl-C, SIGTERM) left: where
+    the same command resumes it (`step`: where it stopped, if it wrote a checkpoint
+    there). Returns the exit status a shell reports for that signal, 128 + its
+    number."""
     from keras_transformer import runs
 
     saved = runs.Run(out).checkpoints.list()
     if not saved:
-        return f"No checkpoint was written; the same command starts {out} again."
-    if saved[-1][0] == step:
-        return f"The same command resumes {out} from step {step}, where it stopped."
-    return (f"The same command resumes {out} from its last checkpoint, step {saved[-1][0]}; "
-            "the steps after it are trained again.")
+        left = f"No checkpoint was written; the same command starts {out} again."
+    elif saved[-1][0] == step:
+        left = f"The same command resumes {out} from step {step}, where it stopped."
+    else:
+        left = (f"The same command resumes {out} from its last checkpoint, step "
+                f"{saved[-1][0]}; the steps after it are trained again.")
+    print(f"{prog}: stopped. {left}", file=sys.stderr)
+    return 128 + signal_number
 
 
-def run(args, fields, model_overrides, explicit, prog=PROG):
+def run(args, fields, model_overrides, explicit, start, prog=PROG):
     # Heavy imports after argument parsing, so that --help is instant.
     from keras_transformer import budget
     from keras_transformer import distributed
@@ -132,7 +137,7 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     from keras_transformer import serving
     from keras_transformer import training
 
-    account = budget.TimeAccount(_START["wall"])
+    account = budget.TimeAccount(start["wall"])
     run_dir = runs.Run(args.out)
     # === Config: flags, or the saved config of the run being resumed; the device ===
     config, model_config, saved, strategy = configure(args, fields, model_overrides, explicit)
@@ -164,7 +169,7 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
     # === Time budget: time the first steps, then plan checkpoints and warm-up ===
     clock = budget.TrainingClock(
         config.time_budget * 60 or None, config.time_budget_clock,
-        start=_START[config.time_budget_clock], wall_start=_START["wall"])
+        start=start[config.time_budget_clock], wall_start=start["wall"])
     max_steps = config.steps if "steps" in explicit or not config.time_budget else None
     if config.time_budget and not step and budget.worth_planning(max_steps):
         config, step = plan_budget(model, schedule, train_batches, clock, config, explicit,
@@ -182,9 +187,8 @@ def run(args, fields, model_overrides, explicit, prog=PROG):
         return 1
     stopped = next(callback.stopped for callback in callbacks
                    if isinstance(callback, training.StopOnSignal))
-    if stopped:  # Ctrl-C or SIGTERM: exit status 128 + its number, as a shell reports
-        print(f"{prog}: stopped. {interrupted_run(args.out, step)}", file=sys.stderr)
-        return 128 + stopped
+    if stopped:  # Ctrl-C or SIGTERM
+        return stopped_by(stopped, args.out, prog, step)
     if not chief:
         return 0
     if config.time_budget:  # the steps it took
@@ -331,6 +335,7 @@ def compile_steps(model, train_batches, dev_batches, config):
     Returns the batch shapes whose step still compiles when it first comes (for the
     progress line): none then, all of them on several replicas, whose steps are
     not run side by side."""
+    from keras_transformer import hardware
     from keras_transformer import training
 
     if config.jit_compile != "on":
@@ -342,7 +347,7 @@ def compile_steps(model, train_batches, dev_batches, config):
     if model.distribute_strategy.num_replicas_in_sync > 1:
         return len(shapes)
     dev = training.one_batch_per_shape(dev_batches)
-    workers = min(len(shapes) + len(dev), os.cpu_count() or 1)
+    workers = min(len(shapes) + len(dev), hardware.available_cores())
     print(f"Compiling the training step for {_counted(len(shapes), 'batch shape')} and the dev "
           f"step for {_counted(len(dev), 'shape')}, {workers} at a time (XLA, once a run"
           f"{'; kept in --compilation-cache' if config.compilation_cache else ''})...",

@@ -16,7 +16,8 @@ import os
 import sys
 
 from keras_transformer.cli.common import OneLineErrorParser
-from keras_transformer.cli.common import add_decoding_flags
+from keras_transformer.cli.common import add_translator_flags
+from keras_transformer.cli.common import check_translator_flags
 from keras_transformer.cli.common import load_command_translator
 from keras_transformer.cli.common import parallel_searches
 from keras_transformer.cli.common import start_decoding
@@ -32,28 +33,16 @@ def parse_args(argv, prog=PROG):
         prog=prog, description=__doc__.split("\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--export", help="an export directory (written by keras-transformer export)")
-    source.add_argument("--run", help="a training run directory (written by keras-transformer train)")
     parser.add_argument("input", nargs="?", default="-",
                         help="the text file to translate; - for stdin")
     parser.add_argument("--output", "-o", default="-", help="where to write; - for stdout")
-    parser.add_argument("--weights", choices=("averaged", "final"), default="averaged",
-                        help="with --run: which weights")
-    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
-    # None: the translator's own, which a request leaves out.
-    add_decoding_flags(parser, REQUEST_SETTINGS, defaults=dict.fromkeys(REQUEST_SETTINGS))
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default="auto",
-                        help="progress bar on stderr (auto: for 200 lines or more, where "
-                             "stderr is a terminal)")
+    add_translator_flags(parser, "lines")
     args = parser.parse_args(argv)
-    for flag, path in (("--export", args.export), ("--run", args.run)):
-        if path is not None and not os.path.isdir(path):
-            parser.error(f"{flag} {path} is not a directory")
+    check_translator_flags(parser, args)
     if args.input != "-" and not os.path.isfile(args.input):
         parser.error(f"input file {args.input} does not exist")
-    if args.batch_size < 1:
-        parser.error(f"--batch-size must be >= 1. Received: {args.batch_size}")
+    if args.output != "-":
+        parser.check_output("--output", args.output)
     return args
 
 

@@ -17,6 +17,7 @@ import tensorflow as tf
 from sentencepiece import sentencepiece_model_pb2
 import tensorflow_text
 
+from keras_transformer.hardware import available_cores
 from keras_transformer.token_ids import BOS_ID
 from keras_transformer.token_ids import EOS_ID
 from keras_transformer.token_ids import PAD_ID
@@ -183,7 +184,7 @@ class SubwordTokenizer(tf.Module):
                 input_sentence_size=0,
                 shuffle_input_sentence=False,
                 max_sentence_length=1 << 16,
-                num_threads=num_threads or os.cpu_count() or 1,
+                num_threads=num_threads or available_cores(),
                 minloglevel=2,
             )
         except RuntimeError as error:
