@@ -162,7 +162,9 @@ def read_tensor(lib, tensor):
 def run(lib, graph, session, plan_run, status):
     """TF_SessionRun of one request: feeds only the request's inputs (the rest
     keep their PlaceholderWithDefault values, as in TF Serving) and fetches every
-    output of the signature."""
+    output of the signature; a request the session refuses gives `{"error": its
+    status code and message}`, and the session goes on to the next, as a model
+    server answers a bad request and serves on."""
     feeds, fetches = plan_run["feeds"], plan_run["fetches"]
     inputs = (TF_Output * len(feeds))(*[output(lib, graph, f["name"]) for f in feeds])
     values = (ctypes.c_void_p * len(feeds))(*[new_tensor(lib, f) for f in feeds])
@@ -172,7 +174,9 @@ def run(lib, graph, session, plan_run, status):
                       len(fetches), None, 0, None, status)
     for tensor in values:
         delete_tensor(lib, tensor, owns_strings=True)
-    check(lib, status, "TF_SessionRun")
+    if lib.TF_GetCode(status) != TF_OK:
+        return {"error": {"code": lib.TF_GetCode(status),
+                          "message": lib.TF_Message(status).decode("utf-8", "replace")}}
     fetched = {}
     for fetch, tensor in zip(fetches, results):
         fetched[fetch["key"]] = read_tensor(lib, tensor)

@@ -139,8 +139,41 @@ def test_c_api_answers_as_the_python_loader(export_path):
 
     loaded = tf.saved_model.load(export_path)
     for (name, inputs), result in zip(requests, report["results"]):
+        assert "error" not in result, (name, result)
         # Like the C API, the restored functions fill in the knobs' defaults.
         function = loaded.signatures[name] if name == "serving_default" else getattr(loaded, name)
         want = function(**{key: tf.constant(value) for key, value in inputs.items()})
         got = {key: decode(value) for key, value in result.items()}
         assert_outputs_equal(got, {key: value.numpy() for key, value in want.items()}, name)
+
+
+# TF_Code of a refused request (tensorflow/c/tf_status.h).
+TF_INVALID_ARGUMENT = 3
+
+
+@pytest.mark.slow
+def test_c_api_session_refuses_bad_requests_and_serves_on(export_path):
+    """Each bad request a client may send is refused with INVALID_ARGUMENT naming
+    what was wrong, and the same session then answers a good request exactly as
+    before them: the model server stays up."""
+    signature_defs = read_signature_defs(export_path)
+    texts = np.array([s.encode() for s in SENTENCES] + [b"", BAD_UTF8], dtype=object)
+    good = plan_run(signature_defs["serving_default"], {"text": texts})
+    ids = plan_run(signature_defs["translate_ids"], {"ids": np.array([[5, 9, 2]], np.int32)})
+    int64_ids = dict(ids, feeds=[dict(feed, dtype=9) for feed in ids["feeds"]])  # TF_INT64
+    bad = {
+        "max_input_chars": plan_run(signature_defs["serving_default"],
+                                    {"text": np.array([b"x" * 10_001], dtype=object)}),
+        "max_batch_size": plan_run(signature_defs["serving_default"],
+                                   {"text": np.array([b"a"] * 257, dtype=object)}),
+        "beam_size": plan_run(signature_defs["translate"],
+                              {"text": texts[:1], "beam_size": np.int32(3)}),
+        "int32": int64_ids,  # the ids' dtype
+    }
+    report = run_c_api_client(export_path, [good, *bad.values(), good, ids])
+    first, *refused, again, answered = report["results"]
+    assert "error" not in first and "error" not in answered, (first, answered)
+    for (expected, request), result in zip(bad.items(), refused):
+        assert result.get("error", {}).get("code") == TF_INVALID_ARGUMENT, (request, result)
+        assert expected in result["error"]["message"], result["error"]["message"][:500]
+    assert again == first

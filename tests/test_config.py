@@ -58,6 +58,42 @@ def test_presets_are_the_papers_rows():
         assert TransformerConfig.preset(name, vocab_size=100).vocab_size == 100
 
 
+# Table 3's rows as ../shared/PAPER.md gives them: what each changes of base
+# (N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, positions).
+TABLE_3 = {
+    "a_h1": dict(num_heads=1, d_k=512, d_v=512),
+    "a_h4": dict(num_heads=4, d_k=128, d_v=128),
+    "a_h16": dict(num_heads=16, d_k=32, d_v=32),
+    "a_h32": dict(num_heads=32, d_k=16, d_v=16),
+    "b_dk16": dict(d_k=16),
+    "b_dk32": dict(d_k=32),
+    "c_n2": dict(num_layers=2),
+    "c_n4": dict(num_layers=4),
+    "c_n8": dict(num_layers=8),
+    "c_dmodel256": dict(d_model=256, d_k=32, d_v=32),
+    "c_dmodel1024": dict(d_model=1024, d_k=128, d_v=128),
+    "c_dff1024": dict(d_ff=1024),
+    "c_dff4096": dict(d_ff=4096),
+    "d_dropout0": dict(dropout_rate=0.0),
+    "d_dropout0.2": dict(dropout_rate=0.2),
+    "d_ls0": dict(label_smoothing=0.0),
+    "d_ls0.2": dict(label_smoothing=0.2),
+    "e_learned": dict(positional_encoding="learned"),
+}
+BASE_ROW = dict(num_layers=6, d_model=512, d_ff=2048, num_heads=8, d_k=64, d_v=64,
+                dropout_rate=0.1, label_smoothing=0.1, positional_encoding="sinusoidal")
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_3))
+def test_each_table_3_preset_changes_base_as_the_paper_says(name):
+    """Every field of the row, not only the one its name names: a b_dk16 built with
+    d_k 32 is 3% from the paper's 58M, within the parameter count's tolerance."""
+    config = TransformerConfig.preset(name, vocab_size=37000)
+    expected = dict(BASE_ROW, **TABLE_3[name])
+    assert {field: getattr(config, field) for field in expected} == expected
+    assert set(TABLE_3) | {"base", "big"} <= set(TransformerConfig.presets())
+
+
 def test_json_round_trip():
     config = TransformerConfig.preset("c_dmodel256", vocab_size=321, norm_first=True)
     assert TransformerConfig.from_json(config.to_json()) == config

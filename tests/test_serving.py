@@ -484,14 +484,29 @@ def test_score_is_the_teacher_forced_log_probability(translator, model, tokenize
                for index in [alignment[row, index]])
 
 
-def test_translate_aligned_aligns_the_best_translation(translator):
+def test_translate_aligned_aligns_the_best_translation(translator, model, tokenizer):
+    """Its alignment is the teacher-forced one of the best translation's own pieces:
+    for each, the argmax over the source of the last layer's cross-attention averaged
+    over heads (score's, checked above against the same reference), not another
+    beam's, nor shifted by a piece."""
+    import sentencepiece
+
+    from keras_transformer import visualize
+
     texts = tf.constant(SENTENCES[:3] + [""])
     aligned = translator.translate_aligned(texts)
     plain = translator.translate(texts)
     assert _strings(aligned["translation"]) == _strings(plain["translation"])
     np.testing.assert_allclose(aligned["score"], plain["score"], atol=1e-5)
-    # Each output piece (EOS last, unless the length limit cut it) points into the source.
-    for row, text in enumerate(_strings(aligned["translation"])[:3]):
+    processor = sentencepiece.SentencePieceProcessor(model_proto=tokenizer.model_proto)
+    source = tokenizer.tokenize(texts[:3])[:, :MAX_INPUT_LENGTH].to_tensor().numpy()
+    for row in range(3):
+        # The pieces, EOS last unless the length limit cut the translation.
         pieces = [p for p in _strings(aligned["target_tokens"][row]) if p]
         assert pieces[-1] == "</s>" or len(pieces) == aligned["alignment"].shape[1]
-        assert (aligned["alignment"][row].numpy()[:len(pieces)] >= 0).all()
+        decoder_inputs = np.array([[BOS_ID] + [processor.piece_to_id(p) for p in pieces
+                                                if p != "</s>"]], "int32")
+        weights = visualize.decoder_attention(model, source[row:row + 1], decoder_inputs)
+        expected = weights[1][-1]["cross_attention"].numpy().mean(axis=1)[0].argmax(-1)
+        np.testing.assert_array_equal(aligned["alignment"][row].numpy()[:len(pieces)],
+                                      expected[:len(pieces)])
