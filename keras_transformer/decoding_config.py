@@ -30,7 +30,10 @@ PAPER_ALPHA = 0.6
 PAPER_EXTRA_LENGTH = 50
 # The settings a request may give (a signature's optional inputs, the flags of
 # translate and evaluate); the others are fixed when the translator is built.
-REQUEST_SETTINGS = ("beam_size", "alpha", "extra_length", "no_repeat_ngram_size")
+# Their dtypes are the signatures' (`serving.KNOB_SPECS`) and a caller's tensors'.
+REQUEST_SETTING_DTYPES = {"beam_size": "int32", "alpha": "float32", "extra_length": "int32",
+                          "no_repeat_ngram_size": "int32"}
+REQUEST_SETTINGS = tuple(REQUEST_SETTING_DTYPES)
 # Request limits: one request holds a model server for about as long as the
 # batch takes, and its memory grows with the text's length.
 DEFAULT_MAX_BATCH_SIZE = 256

@@ -27,6 +27,7 @@ from keras_transformer import loading
 from keras_transformer.decoding_config import DEFAULT_BATCH_SIZE
 from keras_transformer.decoding_config import PAPER_ALPHA
 from keras_transformer.decoding_config import PROGRESS_MIN_SENTENCES
+from keras_transformer.decoding_config import REQUEST_SETTING_DTYPES
 
 
 def translate_sentences(
@@ -53,7 +54,7 @@ def translate_sentences(
         progress: True for a progress bar on stderr; "auto" for one only when
             there are at least 200 sentences and stderr is a terminal.
         beam_size, alpha, extra_length, no_repeat_ngram_size: optional
-            decoding settings (`DecodingConfig.REQUEST_SETTINGS`); the
+            decoding settings (`decoding_config.REQUEST_SETTINGS`); the
             translator's own when None.
 
     Returns:
@@ -69,16 +70,10 @@ def translate_sentences(
     translator_or_export = _translator(translator_or_export)
     limits = _request_limits(translator_or_export)
     batch_size = min(batch_size, limits.get("max_batch_size") or batch_size)
-    knobs = {
-        name: tf.constant(value, dtype)
-        for name, value, dtype in (
-            ("beam_size", beam_size, tf.int32),
-            ("alpha", alpha, tf.float32),
-            ("extra_length", extra_length, tf.int32),
-            ("no_repeat_ngram_size", no_repeat_ngram_size, tf.int32),
-        )
-        if value is not None
-    }
+    settings = dict(beam_size=beam_size, alpha=alpha, extra_length=extra_length,
+                    no_repeat_ngram_size=no_repeat_ngram_size)
+    knobs = {name: tf.constant(settings[name], dtype)
+             for name, dtype in REQUEST_SETTING_DTYPES.items() if settings[name] is not None}
     sentences = [s.decode("utf-8", "replace") if isinstance(s, bytes) else s
                  for s in sentences]
     _check_lengths(sentences, limits.get("max_input_chars"))

@@ -75,6 +75,7 @@ from keras_transformer import serving_search
 from keras_transformer import serving_shapes
 from keras_transformer import serving_text
 from keras_transformer.decoding_config import DecodingConfig
+from keras_transformer.decoding_config import REQUEST_SETTING_DTYPES
 from keras_transformer.token_ids import BOS_ID
 from keras_transformer.token_ids import EOS_ID
 from keras_transformer.token_ids import PAD_ID
@@ -84,12 +85,8 @@ SOURCE_SPEC = tf.TensorSpec([None], tf.string, name="source")
 TARGET_SPEC = tf.TensorSpec([None], tf.string, name="target")
 IDS_SPEC = tf.TensorSpec([None, None], tf.int32, name="ids")
 # The decoding settings a caller may give, after the text or ids.
-KNOB_SPECS = (
-    tf.TensorSpec([], tf.int32, name="beam_size"),
-    tf.TensorSpec([], tf.float32, name="alpha"),
-    tf.TensorSpec([], tf.int32, name="extra_length"),
-    tf.TensorSpec([], tf.int32, name="no_repeat_ngram_size"),
-)
+KNOB_SPECS = tuple(tf.TensorSpec([], dtype, name=name)
+                   for name, dtype in REQUEST_SETTING_DTYPES.items())
 
 
 class Translator(tf.Module):
