@@ -16,12 +16,14 @@ import math
 import numbers
 import operator
 
-AUTO = "auto"
-JIT_COMPILE = (AUTO, "on", "off")
+from keras_transformer.config import AUTO
+from keras_transformer.config import JIT_COMPILE
+from keras_transformer.config import PRECISIONS as TRAINING_PRECISIONS
+
 # The weights' and matrix multiplies' type; "auto" is chosen for this machine.
 PRECISIONS = ("float32", "bfloat16", "float16", AUTO)
 # Also what a model trained with mixed precision runs under as it is.
-MIXED_PRECISIONS = ("mixed_float16", "mixed_bfloat16")
+MIXED_PRECISIONS = tuple(name for name in TRAINING_PRECISIONS if name.startswith("mixed_"))
 DEFAULT_BEAM_SIZES = (1, 2, 4, 8)
 # The paper's search (Sec. 6.1): beam 4, length penalty alpha 0.6, outputs of at
 # most the input's length + 50.
@@ -149,7 +151,7 @@ class DecodingConfig:
         if isinstance(self.jit_compile, bool):  # Translator(jit_compile=True), old exports
             self._set("jit_compile", "on" if self.jit_compile else "off")
         _require("jit_compile", self.jit_compile, self.jit_compile in JIT_COMPILE,
-                 "must be auto, on or off")
+                 f"must be {', '.join(JIT_COMPILE[:-1])} or {JIT_COMPILE[-1]}")
         _require("beam_sizes", self.beam_sizes, not isinstance(self.beam_sizes, (str, int)),
                  "must be a sequence of positive ints, e.g. (1, 2, 4, 8)")
         self._set("beam_sizes", tuple(sorted(
