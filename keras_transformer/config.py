@@ -190,7 +190,7 @@ _RENAMED = {"TransformerConfig": {"max_length": "max_positions"},
             "TrainingConfig": {"max_length": "max_sentence_tokens"}}
 # Fields that older runs' config.json files lack, with the value those runs
 # trained with (a resumed run reads the batches it would have read).
-_ADDED = {"TrainingConfig": {"unpunctuated_share": 0.0}}
+_ADDED = {"TrainingConfig": {"unpunctuated_share": 0.0, "clause_share": 0.0}}
 
 
 def _from_dict(cls, values):
@@ -288,6 +288,12 @@ class TrainingConfig:
             every line ends in punctuation (the bundled Bible), it otherwise
             runs an input such as "Jesus wept" on in loops. 0: the pairs as they
             are (the paper's recipe).
+        clause_share: the share of the training pairs that split into aligned
+            clauses (at , ; : on both sides) whose clauses join the corpus as
+            pairs of their own, drawn once from the seed, so that the model
+            learns short inputs too: trained on long sentences alone (the
+            bundled Bible's verses), it otherwise runs an input such as "The
+            Lord is my shepherd" on in loops. 0: none (the paper's recipe).
         warmup_steps: of the learning-rate schedule (paper: 4000). With
             `learning_rate_scale` it sets the peak learning rate,
             `scale * (d_model * warmup_steps)^-0.5` (3.6e-3 for d_model 256).
@@ -350,6 +356,7 @@ class TrainingConfig:
     accumulate_steps: int = 1
     max_sentence_tokens: int = 128
     unpunctuated_share: float = 0.5
+    clause_share: float = 0.25
     warmup_steps: int = 300
     learning_rate_scale: float = 1.0
     checkpoint_every: int = 250
@@ -380,8 +387,9 @@ class TrainingConfig:
                      "length_buckets"):
             value = getattr(self, name)
             _require(name, value, value >= 0, "must be >= 0", "TrainingConfig")
-        _require("unpunctuated_share", self.unpunctuated_share,
-                 0 <= self.unpunctuated_share <= 1, "must be between 0 and 1", "TrainingConfig")
+        for name in ("unpunctuated_share", "clause_share"):
+            value = getattr(self, name)
+            _require(name, value, 0 <= value <= 1, "must be between 0 and 1", "TrainingConfig")
         _require("learning_rate_scale", self.learning_rate_scale,
                  self.learning_rate_scale > 0, "must be > 0", "TrainingConfig")
         models = (AUTO_MODEL, *_PRESETS)
@@ -429,6 +437,7 @@ class TrainingConfig:
             data="tfds:wmt14_translate/de-en", model=model, vocab_size=37000,
             vocab_sentences=2_000_000, steps=300_000 if big else 100_000,
             tokens_per_batch=25000, max_sentence_tokens=256, unpunctuated_share=0.0,
+            clause_share=0.0,
             warmup_steps=PAPER_WARMUP_STEPS, learning_rate_scale=1.0,
             checkpoint_every=PAPER_CHECKPOINT_EVERY,
             keep_checkpoints=20 if big else 5, average_last=20 if big else 5,

@@ -309,12 +309,16 @@ def make_batches(config, tokenizer, train_pairs, dev_pairs, strategy):
     train_batches = data.TrainingBatches(train_pairs, seed=config.seed,
                                          num_buckets=config.length_buckets or None,
                                          unpunctuated_share=config.unpunctuated_share,
+                                         clause_share=config.clause_share,
                                          **batch_args)
     shapes = train_batches.shapes
     print(f"Batches in {len(shapes)} shapes (rows x length): "
           f"{', '.join(f'{rows}x{length}' for rows, length, _ in shapes)}; padding "
           f"{train_batches.padding['source']:.1%} of source and "
           f"{train_batches.padding['target']:.1%} of target tokens.", flush=True)
+    if train_batches.clause_pairs:
+        print(f"Added {train_batches.clause_pairs} aligned clauses of training pairs as pairs "
+              f"of their own (--clause-share {config.clause_share:g}).", flush=True)
     if train_batches.pairs_too_long:
         count = train_batches.pairs_too_long
         print(f"Left out {count} training pair{'s' if count > 1 else ''} longer than "

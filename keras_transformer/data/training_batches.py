@@ -25,6 +25,17 @@ the punctuation ending both their sides (`unpunctuated_share`): a corpus whose
 every line ends in punctuation, as the bundled Bible's, otherwise teaches the model
 to end a translation only after one, and an input without it ("Jesus wept") runs
 on in loops to the length limit.
+
+A share of the pairs may also add their clauses as pairs of their own
+(`clause_share`), drawn once from the seed: a corpus of long sentences, as the
+bundled Bible's verses, otherwise never shows the model a short input, and one
+("The Lord is my shepherd") runs on in loops too. A pair splits where both its
+sides split into as many clauses (after `CLAUSE_END`) and each clause's share of
+its side's characters is within a factor `CLAUSE_SHARE_RATIO` of the other
+side's: "Jesus said to them, “Come after me, and I will make you into fishers
+for men.”" and "Y les dijo Jesús: Venid en pos de mí, y haré que seáis
+pescadores de hombres." give three clause pairs, "Jesus said to them," and "Y
+les dijo Jesús:" the first.
 """
 
 import unicodedata
@@ -39,6 +50,13 @@ from keras_transformer.data.batching import pad_batch
 from keras_transformer.data.batching import validate
 from keras_transformer.data.batching import without_autotuning
 from keras_transformer.token_ids import EOS_ID
+
+# Where a side splits into clauses: after , ; : and a space, or after their
+# full-width forms (Chinese and Japanese put no space after them).
+CLAUSE_END = r"([,;:])\s+|([，；：])\s*"
+# A pair's clauses align where each one's share of its side's characters is
+# within this factor of the other side's (any language pair: a share, not a length).
+CLAUSE_SHARE_RATIO = 1.6
 
 
 class TrainingBatches:
@@ -67,9 +85,13 @@ class TrainingBatches:
         unpunctuated_share: the share of pairs, drawn afresh each epoch, whose
             trailing punctuation pieces are dropped from both sides, where both
             end in some and keep a word. 0: every pair as it is.
+        clause_share: the share of pairs, drawn once from the seed, that add their
+            aligned clauses (see the module's docstring) to the corpus as pairs
+            of their own, beside the whole pair. 0: none.
 
     Attributes:
-        pairs: int, the pairs kept.
+        pairs: int, the pairs kept (the clause pairs among them).
+        clause_pairs: int, the clause pairs added, before the length limit.
         pairs_too_long: int, the pairs dropped for their length.
         punctuated: int, the kept pairs whose both sides end in punctuation: the
             ones that `unpunctuated_share` draws from.
@@ -92,16 +114,21 @@ class TrainingBatches:
 
     def __init__(self, pairs, tokenizer, tokens_per_batch=25000, max_sentence_tokens=256, *,
                  seed, num_replicas=1, bucket_boundaries=None, num_buckets=None,
-                 unpunctuated_share=0.0):
+                 unpunctuated_share=0.0, clause_share=0.0):
         if max_sentence_tokens < 1:
             raise ValueError("max_sentence_tokens must be positive. "
                              f"Received: max_sentence_tokens={max_sentence_tokens}")
         if not 0 <= unpunctuated_share <= 1:
             raise ValueError("unpunctuated_share must be between 0 and 1. "
                              f"Received: unpunctuated_share={unpunctuated_share}")
+        if not 0 <= clause_share <= 1:
+            raise ValueError("clause_share must be between 0 and 1. "
+                             f"Received: clause_share={clause_share}")
         self.seed = int(seed)
         self.unpunctuated_share = float(unpunctuated_share)
-        source, target = _tokenize(pairs, tokenizer)
+        self.clause_share = float(clause_share)
+        source, target, self.clause_pairs = _tokenize(pairs, tokenizer, self.clause_share,
+                                                      self.seed)
         trims = _final_punctuation(source, target, _punctuation_ids(tokenizer))
         source_lengths, target_lengths = np.diff(source[1]), np.diff(target[1])
         # The decoder reads BOS + target and predicts target + EOS: one token more.
@@ -251,25 +278,60 @@ def _weigh_group(inputs, targets, size):
     return tf.data.Dataset.zip((tf.data.Dataset.zip(inputs), targets)).map(weigh)
 
 
-def _tokenize(pairs, tokenizer):
-    """`((values, row_splits), (values, row_splits))` of the source and target
-    ids of every pair, as numpy, in order."""
+def _tokenize(pairs, tokenizer, clause_share=0.0, seed=0):
+    """`((values, row_splits), (values, row_splits), clause_pairs)`: the source
+    and target ids of every pair, as numpy, each chunk's pairs in order and then
+    the clause pairs `clause_share` draws from them; and how many those are."""
 
-    def tokenize(chunk):
-        return tuple(tf.cast(tokenizer.tokenize(chunk[side]), tf.int32)
-                     .with_row_splits_dtype(tf.int64) for side in ("source", "target"))
+    def tokenize(index, chunk):
+        source, target = chunk["source"], chunk["target"]
+        if clause_share:
+            clauses = aligned_clauses(source, target)
+            drawn = tf.random.stateless_uniform(
+                [clauses.nrows()], seed=tf.stack([tf.constant(seed, tf.int64), index]))
+            clauses = tf.ragged.boolean_mask(clauses, drawn < clause_share)
+            source = tf.concat([source, clauses.flat_values[:, 0]], axis=0)
+            target = tf.concat([target, clauses.flat_values[:, 1]], axis=0)
+        added = tf.size(source) - tf.size(chunk["source"])
+        return added, tuple(tf.cast(tokenizer.tokenize(side), tf.int32)
+                            .with_row_splits_dtype(tf.int64) for side in (source, target))
 
-    chunks = (pairs.batch(CHUNK_SIZE)
+    chunks = (pairs.batch(CHUNK_SIZE).enumerate()
               .map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
               .prefetch(2))
-    sides = ([], [])
-    for chunk in chunks:
+    sides, added = ([], []), 0
+    for count, chunk in chunks:
+        added += int(count)
         for side, ids in zip(sides, chunk):
             side.append(ids)
     if not sides[0]:
         raise ValueError("The training corpus is empty.")
-    return tuple((ids.flat_values.numpy(), ids.row_splits.numpy())
-                 for ids in (tf.concat(side, axis=0) for side in sides))
+    return (*((ids.flat_values.numpy(), ids.row_splits.numpy())
+              for ids in (tf.concat(side, axis=0) for side in sides)), added)
+
+
+def aligned_clauses(source, target):
+    """The aligned clauses of each pair (see the module's docstring):
+    `tf.RaggedTensor` (pairs that split, clauses, 2) of `[source, target]`
+    strings, one row per pair of `source` and `target` (1-D `tf.string`) that
+    splits into two or more aligned clauses, in order."""
+
+    def split(texts):
+        marked = tf.strings.regex_replace(texts, CLAUSE_END, "\\1\\2\x1f")
+        return tf.strings.split(marked, "\x1f")
+
+    def shares(clauses):
+        chars = tf.cast(tf.strings.length(clauses, unit="UTF8_CHAR"), tf.float32)
+        return chars / tf.maximum(tf.reduce_sum(chars, axis=1, keepdims=True), 1.0)
+
+    source, target = split(source), split(target)
+    even = (source.row_lengths() > 1) & tf.equal(source.row_lengths(), target.row_lengths())
+    source, target = tf.ragged.boolean_mask(source, even), tf.ragged.boolean_mask(target, even)
+    ratio = shares(source) / tf.maximum(shares(target), 1e-9)
+    aligned = tf.reduce_all((ratio >= 1 / CLAUSE_SHARE_RATIO) & (ratio <= CLAUSE_SHARE_RATIO),
+                            axis=1)
+    source, target = (tf.ragged.boolean_mask(side, aligned) for side in (source, target))
+    return source.with_flat_values(tf.stack([source.flat_values, target.flat_values], axis=1))
 
 
 def _kept_values(values, row_splits, keep):

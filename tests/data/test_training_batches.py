@@ -1,9 +1,11 @@
 import collections
+import re
 import unicodedata
 
 import numpy as np
 import pytest
 import sentencepiece
+import tensorflow as tf
 
 from keras_transformer import data
 from tests.data.test_batching import BUDGET, MAX_LENGTH, read_batches, reference_pairs
@@ -198,3 +200,93 @@ def test_a_share_of_pairs_is_drawn_afresh_each_epoch(dev_pairs, tokenizer, refer
     with pytest.raises(ValueError, match="unpunctuated_share must be between 0 and 1"):
         data.TrainingBatches(dev_pairs, tokenizer, BUDGET, MAX_LENGTH, seed=5,
                              unpunctuated_share=1.5)
+
+
+def clauses_of(source, target):
+    """The slow twin of `aligned_clauses` for one pair: Python's `re` splits each
+    side after a clause mark; the pair splits where both sides give as many
+    clauses (two or more) and each clause's share of its side's characters is
+    within `CLAUSE_SHARE_RATIO` of the other side's."""
+    sides = [re.split(r"(?<=[,;:])\s+|(?<=[，；：])\s*", text) for text in (source, target)]
+    if not 1 < len(sides[0]) == len(sides[1]):
+        return []
+    totals = [sum(map(len, clauses)) for clauses in sides]
+    ratio = data.training_batches.CLAUSE_SHARE_RATIO
+    for a, b in zip(*sides):
+        if not (b and 1 / ratio <= (len(a) / totals[0]) / (len(b) / totals[1]) <= ratio):
+            return []
+    return list(zip(*sides))
+
+
+def test_aligned_clauses_split_both_sides_alike():
+    texts = [
+        ("So he said, “Come, see.”", "Y él dijo: Venid, y ved."),  # 3 clauses each
+        ("Abraham said, “I will swear.”", "Y dijo Abraham: Yo juraré."),
+        ("He said to them, go, and they went.", "Y les dijo: Id."),  # 3 against 2
+        ("a, b", "a very long clause that is not the translation of a, b"),  # shares differ
+        ("我说，你好。", "I said, hello."),  # full width, no space after it
+        ("No clause here.", "Ninguna."),
+    ]
+    source, target = (tf.constant(list(side)) for side in zip(*texts))
+    clauses = data.training_batches.aligned_clauses(source, target)
+    got = [[tuple(x.decode() for x in pair) for pair in row] for row in clauses.to_list()]
+    expected = [clauses_of(*pair) for pair in texts]
+    assert got == [row for row in expected if row]
+    assert got == [
+        [("So he said,", "Y él dijo:"), ("“Come,", "Venid,"), ("see.”", "y ved.")],
+        [("Abraham said,", "Y dijo Abraham:"), ("“I will swear.”", "Yo juraré.")],
+        [("我说，", "I said,"), ("你好。", "hello.")],
+    ]
+
+
+@pytest.fixture(scope="module")
+def clause_reference(dev_pairs, tokenizer):
+    """`[clause pairs' ids]` of each dev pair that splits (`clauses_of`),
+    tokenized by sentencepiece's Python API."""
+    processor = sentencepiece.SentencePieceProcessor(model_proto=tokenizer.model_proto)
+    result = []
+    for pair in dev_pairs.as_numpy_iterator():
+        clauses = clauses_of(*(pair[side].decode("utf-8") for side in ("source", "target")))
+        if clauses:
+            result.append([tuple(tuple(processor.encode(text)) for text in clause)
+                           for clause in clauses])
+    return result
+
+
+def test_clause_pairs_join_the_corpus(dev_pairs, tokenizer, reference, clause_reference):
+    kept = reference[0]
+    clauses = [clause for pair in clause_reference for clause in pair
+               if max(len(clause[0]), len(clause[1]) + 1) <= MAX_LENGTH]
+    assert 0.2 * len(kept) < len(clause_reference) < 0.6 * len(kept)  # the Bible's verses
+    every = data.TrainingBatches(dev_pairs, tokenizer, BUDGET, MAX_LENGTH, seed=5,
+                                 clause_share=1.0)
+    assert every.clause_pairs == sum(map(len, clause_reference))
+    assert every.pairs == len(kept) + len(clauses)
+    rows = [row for _, pairs in read_batches(every.dataset().take(every.batches_per_epoch))
+            for row in pairs]
+    expected = collections.Counter(kept) + collections.Counter(clauses)
+    assert not collections.Counter(rows) - expected
+    assert sum(row in set(clauses) for row in rows) > 0.9 * len(clauses)
+
+
+def test_a_share_of_pairs_add_their_clauses_drawn_from_the_seed(dev_pairs, tokenizer, reference,
+                                                               clause_reference):
+    whole = set(reference[0])
+    every = {clause for pair in clause_reference for clause in pair} - whole
+
+    def drawn(seed):
+        batches = data.TrainingBatches(dev_pairs, tokenizer, BUDGET, MAX_LENGTH, seed=seed,
+                                       clause_share=0.5)
+        rows = collections.Counter(row for _, pairs in read_batches(batches.epoch(0))
+                                   for row in pairs)
+        return batches.clause_pairs, {row for row in rows if row in every}
+
+    count, clauses = drawn(5)
+    # Each pair that splits adds its k clauses with p = 0.5: 5 standard deviations.
+    sizes = [len(pair) for pair in clause_reference]
+    assert abs(count - sum(sizes) / 2) < 5 * (sum(k * k for k in sizes) / 4) ** 0.5
+    assert drawn(5) == (count, clauses)  # drawn once from the seed: a resume reads the same
+    other = drawn(6)[1]
+    assert len(clauses ^ other) > 0.4 * len(clauses)  # another seed, other pairs
+    with pytest.raises(ValueError, match="clause_share must be between 0 and 1"):
+        data.TrainingBatches(dev_pairs, tokenizer, BUDGET, MAX_LENGTH, seed=5, clause_share=-1)
