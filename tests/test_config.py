@@ -121,3 +121,20 @@ def test_invalid_values_name_the_field_and_value(changes, message):
 def test_unknown_preset_lists_the_known_ones():
     with pytest.raises(ValueError, match="Unknown TransformerConfig preset 'huge'.*base, big"):
         TransformerConfig.preset("huge", vocab_size=100)
+
+
+def test_a_run_written_before_a_data_setting_existed_reads_what_it_trained_with():
+    """A resumed run must read the batches it would have read: a config.json
+    from before `unpunctuated_share` and `clause_share` reads 0 for them (the
+    pairs as they were), not today's defaults; a new run gets the defaults."""
+    from keras_transformer.config import TrainingConfig
+
+    old = TrainingConfig().to_dict()
+    del old["unpunctuated_share"], old["clause_share"]
+    resumed = TrainingConfig.from_dict(old)
+    assert (resumed.unpunctuated_share, resumed.clause_share) == (0.0, 0.0)
+    assert (TrainingConfig().unpunctuated_share, TrainingConfig().clause_share) == (0.5, 0.25)
+    assert (TrainingConfig.paper().unpunctuated_share, TrainingConfig.paper().clause_share) == (
+        0.0, 0.0)
+    with pytest.raises(ValueError, match="clause_share must be between 0 and 1"):
+        TrainingConfig(clause_share=1.5)
