@@ -112,7 +112,9 @@ def load_command_translator(args):
 
 # What `start_decoding` sets, unless the environment does: also for a model
 # server and the benchmarks.
-DECODING_ENVIRONMENT = {"TF_ENABLE_ONEDNN_OPTS": "1", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS": "1"}
+# A training process must not inherit FROZEN_WEIGHTS (see `start_decoding`).
+FROZEN_WEIGHTS = "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"
+DECODING_ENVIRONMENT = {"TF_ENABLE_ONEDNN_OPTS": "1", FROZEN_WEIGHTS: "1"}
 
 
 # XLA on a GPU weighs GEMM kernels of its own (Triton) against cuBLAS for each matrix

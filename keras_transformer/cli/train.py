@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 
+from keras_transformer.cli.common import FROZEN_WEIGHTS
 from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import add_config_flags
 from keras_transformer.cli.common import check_corpus_files
@@ -82,7 +83,7 @@ def main(argv=None, prog=PROG):
     start = {"wall": time.monotonic(), "cpu": 0.0}
     # Right for decoding only (cli/common.start_decoding): oneDNN would go on
     # multiplying by the weights as first reordered while training changes them.
-    os.environ.pop("TF_ONEDNN_ASSUME_FROZEN_WEIGHTS", None)
+    os.environ.pop(FROZEN_WEIGHTS, None)
     argv = sys.argv[1:] if argv is None else argv
     if "--verbose" not in argv:  # before parse_args imports TensorFlow
         quiet_libraries()
