@@ -136,6 +136,14 @@ def test_the_quickstarts_export_decodes_as_its_run_chose(quickstart):
         == (decoding["alpha"], decoding["no_repeat_ngram_size"])
 
 
+def first_test_pairs(count=500):
+    """The first `count` bundled test pairs, as the quickstart's evaluate scores them."""
+    from keras_transformer import data
+
+    return [(pair["source"].decode(), pair["target"].decode()) for pair in
+            data.load_parallel("bundled", "test").take(count).as_numpy_iterator()]
+
+
 @pytest.mark.slow
 @pytest.mark.alone
 def test_the_quickstarts_export_ends_sentences_that_have_no_final_punctuation(quickstart):
@@ -146,13 +154,11 @@ def test_the_quickstarts_export_ends_sentences_that_have_no_final_punctuation(qu
     references (a quickstart's export before train's --unpunctuated-share, on an AMD
     EPYC Zen 4, 2026-11-28). Cut, they must score nearly as well as they are, in
     translations of about their references' length."""
-    from keras_transformer import data
     from keras_transformer import evaluation
     from tests.data.test_training_batches import without_final_punctuation
 
     assert quickstart.result.returncode == 0, quickstart.result.stderr[-3000:]
-    pairs = [(pair["source"].decode(), pair["target"].decode()) for pair in
-             data.load_parallel("bundled", "test").take(500).as_numpy_iterator()]
+    pairs = first_test_pairs()
     cut = [tuple(map(without_final_punctuation, pair)) for pair in pairs]
     as_they_are = evaluation.evaluate(quickstart.export, pairs)
     unpunctuated = evaluation.evaluate(quickstart.export, cut)
@@ -172,14 +178,12 @@ def test_the_quickstarts_export_translates_short_inputs(quickstart):
     aligned clauses of the first 500 test pairs (train's --clause-share), cut of
     their final punctuation, its translations must be about their references'
     length, loop-free, and score above the floor the whole pairs must."""
-    from keras_transformer import data
     from keras_transformer import evaluation
     from tests.data.test_training_batches import clauses_of
     from tests.data.test_training_batches import without_final_punctuation
 
     assert quickstart.result.returncode == 0, quickstart.result.stderr[-3000:]
-    pairs = [(pair["source"].decode(), pair["target"].decode()) for pair in
-             data.load_parallel("bundled", "test").take(500).as_numpy_iterator()]
+    pairs = first_test_pairs()
     clauses = [tuple(map(without_final_punctuation, clause))
                for pair in pairs for clause in clauses_of(*pair)]
     clauses = [clause for clause in clauses if all(clause)]
