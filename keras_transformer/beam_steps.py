@@ -45,7 +45,7 @@ def length_penalty(length, alpha):
 class BeamSettings(collections.namedtuple("BeamSettings", [
         "vocab_size", "beam_size", "num_candidates", "block_size", "max_output_length",
         "columns", "eos_id", "alpha", "no_repeat_ngram_size", "ignore_eos",
-        "reorder_cache"])):
+        "allow_empty", "reorder_cache"])):
     """What every step of a beam search uses: V, K, C, the block size of
     `beam_candidates.best_extensions`, T, the columns `(T + 1,)` of the id
     buffers, and `beam_search`'s other arguments."""
@@ -171,6 +171,12 @@ def extend(search, symbols_to_logits_fn, state):
         ends = tf.equal(tokens, search.eos_id)  # (B, C)
     in_beam = tf.range(search.num_candidates) < beam_size  # (C,); top_k sorts
     finishes = tf.logical_or(tf.logical_and(ends, in_beam), at_limit)  # (B, C)
+    if not search.allow_empty:
+        # The end-of-sequence token first, an empty output, is dropped: neither
+        # finished nor kept, as if its probability were 0 and the others kept
+        # theirs. Dropping it from the C = 2K candidates of the one live beam
+        # leaves the K best of the others, as masking it before the choice would.
+        finishes = tf.logical_and(finishes, tf.logical_not(tf.logical_and(ends, length == 1)))
     stays_alive = tf.logical_not(tf.logical_or(ends, at_limit))  # (B, C)
 
     # Alive: the best K candidates that do not end; the cache follows them.

@@ -47,6 +47,8 @@ counting the end-of-sequence token when it has one and not counting the start
 token. `max_output_length` and `max_output_lengths` bound `|Y|`: a hypothesis that reaches its
 example's limit without an end-of-sequence token is finished there, as if one
 followed, with `|Y|` equal to the limit.
+Unless `allow_empty`, the end-of-sequence token never comes first: every
+output has a token (at a limit of 1, that token alone).
 
 Beam search's loop state, its step and the batch shrinking as examples finish
 live in `keras_transformer.beam_steps`; this module holds the two searches'
@@ -81,6 +83,7 @@ def greedy_search(
     padding_id=0,
     no_repeat_ngram_size=0,
     ignore_eos=False,
+    allow_empty=False,
 ):
     """Decodes by taking the most likely token at every step.
 
@@ -103,6 +106,9 @@ def greedy_search(
         ignore_eos: if True, the end-of-sequence token does not end a sequence
             (it is decoded like any other token) and the loop runs exactly
             `max_output_length` steps: for benchmarks with random weights.
+        allow_empty: whether the end-of-sequence token may come first, giving
+            an empty output (`beam_search`). False: the best other token comes
+            first.
 
     Returns:
         ids: int32 `(B, T)`, the decoded tokens without the start token, the
@@ -142,6 +148,10 @@ def greedy_search(
             no_repeat_ngram_size, lambda: log_probs + beam_candidates.repeated_ngram_mask(
                 state.ids, state.step, no_repeat_ngram_size, log_probs.shape[-1]),
             lambda: log_probs)
+        if not (allow_empty or ignore_eos):
+            is_eos = tf.range(tf.shape(log_probs)[-1]) == eos_id  # (V,)
+            log_probs = tf.where(tf.logical_and(state.step == 0, is_eos), float("-inf"),
+                                 log_probs)  # the best other token comes first
         tokens = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # (B,)
         token_log_probs = tf.gather(log_probs, tokens, batch_dims=1)  # (B,)
 
@@ -180,6 +190,7 @@ def beam_search(
     padding_id=0,
     no_repeat_ngram_size=0,
     ignore_eos=False,
+    allow_empty=False,
     reorder_cache=None,
     select_examples=None,
 ):
@@ -229,6 +240,11 @@ def beam_search(
         ignore_eos: if True, the end-of-sequence token does not finish a
             hypothesis and the loop runs exactly `max_output_length` steps (no early
             stop): for benchmarks with random weights.
+        allow_empty: whether the end-of-sequence token may come first, giving
+            an empty output. False (fairseq's and CTranslate2's minimum length
+            of 1): it is left out at the first step and the other tokens keep
+            their probabilities, so a weak model that ranks it first for a
+            short source still says something.
         reorder_cache: optional `(cache, parents) -> cache`, called after every
             step instead of the gather; `parents` is int32 `(B, K)`, the beam
             each surviving hypothesis extends (e.g. `Transformer.reorder_cache`).
@@ -265,7 +281,7 @@ def beam_search(
         block_size=beam_candidates.block_size(vocab_size, num_candidates),
         max_output_length=max_output_length, columns=tf.range(max_output_length + 1),
         eos_id=eos_id, alpha=alpha, no_repeat_ngram_size=no_repeat_ngram_size,
-        ignore_eos=ignore_eos, reorder_cache=reorder_cache)
+        ignore_eos=ignore_eos, allow_empty=allow_empty, reorder_cache=reorder_cache)
     state = beam_steps.initial_state(search, initial_ids, initial_cache, max_output_lengths,
                                      padding_id)
     # Finished examples leave the batch: a wrapper around the search's step.

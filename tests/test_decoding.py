@@ -153,6 +153,7 @@ class TestMarkovTableBeam:
             beam_size=1,
             alpha=2.0,
             max_output_lengths=tf.constant([2, 10]),
+            allow_empty=True,  # [eos] is the hypothesis to beat
         )
         np.testing.assert_array_equal(ids, [[_pad([EOS], 10)], [[A] * 10]])
         np.testing.assert_allclose(
@@ -291,14 +292,14 @@ class _PrefixModel:
         return {"source": tf.constant(self.source)}
 
     def exhaustive_search(self, example, start_id, max_output_length, alpha, ignore_eos=False,
-                          no_repeat_ngram_size=0):
+                          no_repeat_ngram_size=0, allow_empty=False):
         """Every complete hypothesis with its score, best first (the slow twin).
 
         A hypothesis is complete when it ends in eos (unless ignore_eos) or has
         max_output_length tokens; its score is log P / lp(|Y|), |Y| counting eos.
         With `no_repeat_ngram_size` n, a hypothesis whose generated tokens hold
-        an n-gram twice is not one (the others keep their probabilities).
-        Float64 throughout.
+        an n-gram twice is not one (the others keep their probabilities);
+        unless `allow_empty`, neither is [eos]. Float64 throughout.
         """
         complete = []
 
@@ -312,6 +313,8 @@ class _PrefixModel:
                     continue
                 output = prefix[1:] + [token]
                 if _repeats_an_ngram(output, no_repeat_ngram_size):
+                    continue
+                if output == [_R_EOS] and not (allow_empty or ignore_eos):
                     continue
                 total = log_prob + log_probs[token]
                 if (token == _R_EOS and not ignore_eos) or len(output) == max_output_length:
@@ -350,7 +353,8 @@ class TestExhaustive:
     # equal-length candidates are kept.
     @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
     @pytest.mark.parametrize("leave", [False, True], ids=["", "leaving-the-batch"])
-    def test_beam_equals_exhaustive_search(self, alpha, leave):
+    @pytest.mark.parametrize("allow_empty", [False, True], ids=["", "allowing-empty"])
+    def test_beam_equals_exhaustive_search(self, alpha, leave, allow_empty):
         model = _PrefixModel(seed=0, batch_size=3)
         starts, limits, beam_size = [_R_A, _R_B, _R_A], [4, 3, 2], 12
         ids, scores = _numpy(
@@ -366,11 +370,13 @@ class TestExhaustive:
                 max_output_lengths=tf.constant(limits),
                 # The examples reach their limits one a step and leave the batch.
                 select_examples=_select_tiled(beam_size) if leave else None,
+                allow_empty=allow_empty,
             )
         )
         for b, (start, limit) in enumerate(zip(starts, limits)):
-            expected = model.exhaustive_search(b, start, limit, alpha)[:beam_size]
-            found = len(expected)  # 12 of 31, 12 of 15, all 7
+            expected = model.exhaustive_search(b, start, limit, alpha,
+                                               allow_empty=allow_empty)[:beam_size]
+            found = len(expected)  # 12 of 31, 12 of 15, all 7 (30, 14, 6 without [eos])
             np.testing.assert_allclose(
                 scores[b, :found], [score for score, _ in expected], rtol=1e-5
             )
@@ -380,7 +386,39 @@ class TestExhaustive:
             # Missing hypotheses (7 < 12 for the limit of 2) are marked as such.
             np.testing.assert_array_equal(scores[b, found:], -np.inf)
             np.testing.assert_array_equal(ids[b, found:], PAD)
-        assert found == 7
+        assert found == (7 if allow_empty else 6)
+        # [eos] ranks among the best 12 of each example, so leaving it out shows.
+        assert all([_R_EOS] in [output for _, output in model.exhaustive_search(
+            b, start, limit, alpha, allow_empty=True)[:beam_size]]
+            for b, (start, limit) in enumerate(zip(starts, limits)))
+
+    @pytest.mark.parametrize("beam_size", [1, 4])
+    def test_an_empty_output_is_left_out_even_at_a_limit_of_one_token(self, beam_size):
+        """The model ranks eos first for every source; at a limit of 1 every
+        candidate is finished, and still not [eos]. Greedy search agrees."""
+        model = _PrefixModel(seed=0, batch_size=2)
+        source = model.source.copy()
+        source[:, _R_EOS] = 10.0  # P(eos first) > 0.99
+        args = dict(max_output_length=_MAX_LENGTH, eos_id=_R_EOS,
+                    max_output_lengths=tf.constant([1, _MAX_LENGTH]))
+        ids, scores = _numpy(decoding.beam_search(
+            model.cached_fn(check_path=True), tf.constant([_R_A, _R_B]),
+            model.cached_state(source), vocab_size=_VOCAB, beam_size=beam_size, alpha=0.6,
+            **args))
+        model.source = source
+        best_token = model.exhaustive_search(0, _R_A, 1, 0.6)[0][1]  # one token, not eos
+        for b, (start, limit) in enumerate([(_R_A, 1), (_R_B, _MAX_LENGTH)]):
+            expected = model.exhaustive_search(b, start, limit, 0.6)
+            assert model.exhaustive_search(b, start, limit, 0.6, allow_empty=True)[0][1] == [
+                _R_EOS]
+            if beam_size == 4 or b == 0:  # a beam of 1 is exact at one step only
+                np.testing.assert_allclose(scores[b, 0], expected[0][0], rtol=1e-5)
+                np.testing.assert_array_equal(ids[b, 0], _pad(expected[0][1], _MAX_LENGTH))
+            assert ids[b, 0, 0] != _R_EOS
+        greedy_ids, _ = _numpy(decoding.greedy_search(
+            model.cached_fn(), tf.constant([_R_A, _R_B]), model.cached_state(source), **args))
+        assert (greedy_ids[:, 0] != _R_EOS).all()
+        np.testing.assert_array_equal(greedy_ids[0], _pad(best_token, _MAX_LENGTH))
 
     @pytest.mark.parametrize("size", [1, 2])
     @pytest.mark.parametrize("leave", [False, True], ids=["", "leaving-the-batch"])
@@ -451,25 +489,29 @@ class TestEquivalences:
         np.testing.assert_array_equal(cached[0], uncached[0])
         np.testing.assert_allclose(cached[1], uncached[1], rtol=1e-5)
 
-    def test_beam_size_1_with_alpha_0_equals_greedy(self):
+    @pytest.mark.parametrize("allow_empty", [False, True], ids=["", "allowing-empty"])
+    def test_beam_size_1_with_alpha_0_equals_greedy(self, allow_empty):
         model = _PrefixModel(seed=6, batch_size=6)
         starts = tf.constant([_R_A, _R_B, _R_A, _R_B, _R_A, _R_B])
         limits = tf.constant([4, 4, 4, 4, 3, 1])
-        greedy_ids, greedy_scores = _numpy(
-            decoding.greedy_search(
-                model.cached_fn(), starts, model.cached_state(),
-                max_output_length=_MAX_LENGTH, eos_id=_R_EOS, max_output_lengths=limits,
-            )
-        )
+
+        def greedy(allow_empty):
+            return _numpy(decoding.greedy_search(
+                model.cached_fn(), starts, model.cached_state(), max_output_length=_MAX_LENGTH,
+                eos_id=_R_EOS, max_output_lengths=limits, allow_empty=allow_empty))
+
+        greedy_ids, greedy_scores = greedy(allow_empty)
         beam_ids, beam_scores = _numpy(
             decoding.beam_search(
                 model.cached_fn(), starts, model.cached_state(), vocab_size=_VOCAB,
                 max_output_length=_MAX_LENGTH, eos_id=_R_EOS, beam_size=1, alpha=0.0,
-                max_output_lengths=limits,
+                max_output_lengths=limits, allow_empty=allow_empty,
             )
         )
-        # Every way of ending occurs: eos at once, eos later, the limit.
-        assert (greedy_ids[:, 0] == _R_EOS).any()
+        # Every way of ending occurs: eos at once (left out unless allowed), eos
+        # later, the limit.
+        assert (greedy(True)[0][:, 0] == _R_EOS).any()
+        assert (greedy_ids[:, 0] == _R_EOS).any() == allow_empty
         assert (greedy_ids[:, 1:] == _R_EOS).any()
         assert (greedy_ids[:, -1] != _R_EOS).any() and (greedy_ids[:, -1] != PAD).any()
         np.testing.assert_array_equal(beam_ids[:, 0], greedy_ids)

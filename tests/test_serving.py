@@ -262,6 +262,36 @@ def test_a_request_may_block_repeated_ngrams(translator, tokenizer):
     np.testing.assert_array_equal(unblocked, plain)
 
 
+@pytest.mark.parametrize("jit_compile", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["graph", "xla"])
+def test_a_model_that_ranks_eos_first_still_says_something(tokenizer, jit_compile):
+    """An empty translation tells a user nothing: the quickstart's model ranked
+    EOS first for "Good morning". Here a model ranks it first at every step
+    (its last norm gives the EOS embedding whatever the input): the best
+    translation is its best other token, then EOS, scored from the same logits
+    at both steps (the other tokens keep their probabilities)."""
+    model = make_model(tokenizer.vocab_size, seed=1, norm_first=True)
+    eos_row = model.embedding.embeddings[EOS_ID]
+    model.decoder_norm.gamma.assign(tf.zeros_like(model.decoder_norm.gamma))
+    model.decoder_norm.beta.assign(20.0 * eos_row)
+    log_probs = tf.nn.log_softmax(20.0 * tf.linalg.matvec(model.embedding.embeddings,
+                                                          eos_row)).numpy()  # (V,)
+    assert log_probs.argmax() == EOS_ID and log_probs[EOS_ID] > -1e-3
+    first = np.delete(log_probs, EOS_ID).argmax()  # EOS_ID > 0: index shifts only after it
+    first += first >= EOS_ID
+    translator = serving.Translator(model, tokenizer, DecodingConfig(
+        extra_length=EXTRA_LENGTH, max_input_length=MAX_INPUT_LENGTH, beam_sizes=(1, 4),
+        jit_compile=jit_compile))
+    texts = tf.constant(["Good morning", "Hello.", SENTENCES[0]])
+    expected = (log_probs[first] + log_probs[EOS_ID]) / decoding.length_penalty(2, 0.6)
+    for beam_size in (1, 4):
+        ids = translator.translate_ids(tokenizer.tokenize(texts).to_tensor(),
+                                       beam_size=tf.constant(beam_size))
+        np.testing.assert_array_equal(ids["ids"], [[first]] * 3)  # EOS and padding left out
+        np.testing.assert_allclose(ids["score"], [expected] * 3, rtol=1e-5)
+    assert all(_strings(translator.translate(texts)["translation"]))
+
+
 # Bad input is answered, not crashed on -------------------------------------------
 
 
