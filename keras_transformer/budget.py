@@ -32,28 +32,43 @@ class TrainingClock(keras.callbacks.Callback):
     `slowest_step_seconds` (wall clock) and, after a dev pass, `dev_pass_seconds` to the
     epoch logs, and times each step for `plan`.
 
+    A resumed run's budget counts the whole run: the clock starts from what
+    the run had spent by the checkpoint it resumes from (`spent`, that
+    checkpoint's `record()`), so a run stopped and resumed ends where it would
+    have ended unstopped, and a run that ended by its budget trains no further.
+
     Args:
-        budget_seconds: stop once the clock has run this long since `start`
-            (None: never).
+        budget_seconds: stop once the clock has run this long since `start`,
+            counting `spent` (None: never).
         clock: "wall" (elapsed time) or "cpu" (the process's CPU time, all its
             threads).
         start: the clock's reading that the budget counts from (`time.monotonic()`
             or `time.process_time()` at the program's start: graph building, XLA
             compilation and the vocabulary count too).
+        wall_start: `time.monotonic()` at the program's start.
+        spent: None, or the `record()` written with the checkpoint the run
+            resumes from: the seconds the run had spent on each clock, and its
+            last checkpoint interval's.
     """
 
-    def __init__(self, budget_seconds=None, clock="wall", start=None, wall_start=None):
+    def __init__(self, budget_seconds=None, clock="wall", start=None, wall_start=None,
+                 spent=None):
         super().__init__()
         if clock not in CLOCKS:
             raise ValueError(f"clock must be one of {sorted(CLOCKS)}. Received: clock={clock!r}")
+        self.clock = clock
         self.read = CLOCKS[clock]
         self.budget_seconds = budget_seconds
         self.start = self.read() if start is None else start
         self.wall_start = time.monotonic() if wall_start is None else wall_start
+        spent = spent or {}
+        self.spent_before = {name: float(spent.get(f"{name}_seconds", 0.0)) for name in CLOCKS}
         self.step_seconds = []
         self._step_start = None
         self._epoch_start = None
-        self._epoch_seconds = 0.0  # the last epoch's, dev pass included
+        # The last epoch's, dev pass included (a resumed run's: its last interval's).
+        self._epoch_seconds = float(spent.get("interval_seconds", 0.0)) if spent.get(
+            "clock") == clock else 0.0
         self._steps_wall = None  # the wall-clock span of this epoch's steps: [start, end]
         self._epoch_steps_wall = []  # this epoch's steps' wall-clock seconds
         self._step_start_wall = None
@@ -61,7 +76,19 @@ class TrainingClock(keras.callbacks.Callback):
         self._dev_seconds = None  # this epoch's dev pass (None: none)
 
     def elapsed(self):
-        return self.read() - self.start
+        """Seconds on the clock since `start`, with those spent before a resume."""
+        return self.read() - self.start + self.spent_before[self.clock]
+
+    def record(self):
+        """What a checkpoint written now keeps for a resume (`spent`): the
+        seconds spent on each clock (CPU time from the process's start, as
+        log.csv's cpu_seconds), and on this one the epoch so far."""
+        cpu = self.elapsed() if self.clock == "cpu" else time.process_time() + self.spent_before[
+            "cpu"]
+        wall = time.monotonic() - self.wall_start + self.spent_before["wall"]
+        interval = 0.0 if self._epoch_start is None else self.read() - self._epoch_start
+        return {"clock": self.clock, "wall_seconds": round(wall, 3),
+                "cpu_seconds": round(cpu, 3), "interval_seconds": round(interval, 3)}
 
     def over_budget(self):
         """Whether the run stops at this epoch end: the budget is spent, or the
@@ -385,9 +412,9 @@ class ProgressLine(keras.callbacks.Callback):
             parts.append(f"lr {logs['learning_rate']:.2e}")
         if "target_tokens_per_second" in logs:
             parts.append(f"{_count(logs['target_tokens_per_second'])} tokens/s")
-        elapsed = _minutes(self.clock.elapsed())
+        elapsed = minutes(self.clock.elapsed())
         budget = self.clock.budget_seconds
-        parts.append(f"{elapsed} of {_minutes(budget)}" if budget else elapsed)
+        parts.append(f"{elapsed} of {minutes(budget)}" if budget else elapsed)
         print("  ".join(parts), file=self.stream, flush=True)
 
     def _steps_text(self, step):
@@ -413,6 +440,7 @@ def _count(value):
     return f"{value:.0f}"
 
 
-def _minutes(seconds):
+def minutes(seconds):
+    """`seconds` as m:ss."""
     seconds = int(round(seconds))
     return f"{seconds // 60}:{seconds % 60:02d}"

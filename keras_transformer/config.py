@@ -268,10 +268,11 @@ class TrainingConfig:
         steps: optimizer steps in all (paper: 100K base, 300K big); any
             positive number: the last checkpoint is written at the last step.
             With a time budget, the most steps to train.
-        time_budget: minutes to train (0: no limit). Training stops at the
-            first checkpoint after the budget is spent; the checkpoint interval
-            and warm-up are planned for the steps the budget allows, measured
-            from the first steps.
+        time_budget: minutes to train (0: no limit), counted over the whole
+            run: a resumed run trains for what is left. Training stops at the
+            checkpoint nearest the budget's end; the checkpoint interval and
+            warm-up are planned for the steps the budget allows, measured from
+            the first steps.
         time_budget_clock: "wall" (elapsed time) or "cpu" (the process's CPU
             time, as the quality benchmark counts it).
         tokens_per_batch: source and target token budget of a batch, per

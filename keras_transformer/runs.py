@@ -4,7 +4,8 @@
                                "vocab_sha256": the vocabulary's digest}
     RUN/vocab/                the shared subword vocabulary (`SubwordTokenizer.save`)
     RUN/checkpoints/          ckpt-<step>.weights.h5 (model and optimizer) and, beside
-                              each, ckpt-<step>.rng.npy (dropout's random state)
+                              each, ckpt-<step>.rng.npy (dropout's random state) and
+                              ckpt-<step>.clock.json (the time the run had spent)
     RUN/logs/, RUN/log.csv    TensorBoard and CSV logs, one row per checkpoint
     RUN/averaged.weights.h5   the average of the last checkpoints (Sec. 6.1)
     RUN/decoding.json         the request settings chosen on dev pairs when training
@@ -52,8 +53,9 @@ CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.weights\.h5$")
 class Checkpoints:
     """A run's checkpoints (`RUN/checkpoints/`): `ckpt-<step>.weights.h5`, the
     model's and optimizer's state at an optimizer step, each with dropout's
-    random state beside it in `ckpt-<step>.rng.npy` (`training.StepCheckpoint`
-    writes them, `training.restore_latest_checkpoint` reads them).
+    random state beside it in `ckpt-<step>.rng.npy` and the time the run had
+    spent in `ckpt-<step>.clock.json` (`training.StepCheckpoint` writes them,
+    `training.restore_latest_checkpoint` and `spent` read them).
 
     Args:
         directory: the folder that holds them.
@@ -71,6 +73,29 @@ class Checkpoints:
         """The random-state file beside `checkpoint`."""
         return checkpoint.replace(".weights.h5", ".rng.npy")
 
+    @staticmethod
+    def clock_path(checkpoint):
+        """The time record beside `checkpoint` (`budget.TrainingClock.record`)."""
+        return checkpoint.replace(".weights.h5", ".clock.json")
+
+    def write_spent(self, checkpoint, record):
+        """Writes the time `record` of `checkpoint`, before the checkpoint itself."""
+        def write(path):
+            with open(path, "w") as f:
+                json.dump(record, f, indent=2, sort_keys=True)
+
+        durable.write_atomically(self.clock_path(checkpoint), write)
+
+    def spent(self, step):
+        """The time record of the checkpoint of `step` (`budget.TrainingClock`'s
+        `spent`), or None where it has none: a checkpoint written without a
+        clock, or before 2026-11-29."""
+        path = self.clock_path(self.path(step))
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            return json.load(f)
+
     def list(self):
         """`[(step, path)]` of the checkpoints, oldest first."""
         found = []
@@ -85,10 +110,11 @@ class Checkpoints:
         return [path for _, path in self.list()][-count:]
 
     def remove(self, checkpoint):
-        """Removes `checkpoint` and its random-state file."""
+        """Removes `checkpoint` and the files beside it."""
         os.remove(checkpoint)
-        if os.path.exists(self.rng_path(checkpoint)):
-            os.remove(self.rng_path(checkpoint))
+        for path in (self.rng_path(checkpoint), self.clock_path(checkpoint)):
+            if os.path.exists(path):
+                os.remove(path)
 
     def set_aside(self, checkpoint):
         """Renames an unreadable `checkpoint` out of the list, to

@@ -305,13 +305,17 @@ class StepCheckpoint(keras.callbacks.Callback):
         directory: where the checkpoints go (`runs.Run(...).checkpoints.directory`);
             `runs.Checkpoints` names them.
         keep: how many to keep (at least as many as are averaged).
+        clock: the run's `budget.TrainingClock`, whose `record()` each
+            checkpoint keeps, so that a resumed run's budget counts the whole
+            run (None: none kept).
     """
 
-    def __init__(self, directory, keep=5):
+    def __init__(self, directory, keep=5, clock=None):
         super().__init__()
         self.directory = directory
         self.checkpoints = Checkpoints(directory)
         self.keep = keep
+        self.clock = clock
         self.seconds = 0.0  # spent writing checkpoints
 
     def on_epoch_end(self, epoch, logs=None):
@@ -331,11 +335,14 @@ class StepCheckpoint(keras.callbacks.Callback):
         os.makedirs(self.directory, exist_ok=True)
         step = int(self.model.optimizer.iterations.numpy())
         path = self.checkpoints.path(step)
-        # Dropout's random state first: a checkpoint is whole once its weights exist.
+        # Dropout's random state and the time spent first: a checkpoint is whole
+        # once its weights exist.
         states = [v.numpy() for v in _rng_states(self.model)]
         if states:  # none without dropout (dropout_rate 0)
             write_atomically(self.checkpoints.rng_path(path),
                              lambda temporary: np.save(temporary, np.stack(states)))
+        if self.clock is not None:
+            self.checkpoints.write_spent(path, self.clock.record())
         write_atomically(path, self.model.save_weights)
         for _, old in self.checkpoints.list()[: -self.keep]:
             self.checkpoints.remove(old)
@@ -584,7 +591,7 @@ def run_callbacks(run, config, clock, chief=True, tokenizer=None, dev_pairs=None
     stop = StopOnSignal()
     callbacks = [
         keras.callbacks.TerminateOnNaN(),
-        StepCheckpoint(run.checkpoints.directory, keep=config.keep_checkpoints),
+        StepCheckpoint(run.checkpoints.directory, keep=config.keep_checkpoints, clock=clock),
         stop,
         LearningRateLogger(),
         clock,

@@ -174,6 +174,70 @@ def test_a_budgeted_runs_progress_line_counts_the_step_the_budget_stops_it_at():
     assert counts == ["step 96/1512", "step 172/1512", "step 248/1512"]
 
 
+def test_a_resumed_budget_counts_the_whole_run(monkeypatch):
+    """A run killed after a checkpoint and resumed stops at the step where it
+    would have stopped unkilled, its budget counting the time before the kill
+    (the checkpoint's `record()`); resumed once more after that, it has
+    nothing left to train. The CPU clock's time is kept as well, for a run
+    resumed on the other clock."""
+    import keras
+
+    now, cpu = [0.0], [0.0]  # a new process starts its monotonic clock anywhere
+    monkeypatch.setattr(budget.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(budget.time, "process_time", lambda: cpu[0])
+
+    class Model:
+        optimizer = type("Optimizer", (), {"iterations": keras.Variable(0)})()
+        stop_training = False
+
+    def process(budget_seconds, spent=None, kill_after=None, start_at=0.0, start_up=13.0):
+        """A train process: `start_up` seconds, then epochs of 20 s (40 s of CPU
+        on 2 cores) until the clock stops it or it is killed after the
+        checkpoint of epoch `kill_after`. Returns the epochs run and the
+        record of its last checkpoint."""
+        now[0], cpu[0] = start_at, 0.0
+        clock = budget.TrainingClock(budget_seconds, start=start_at, wall_start=start_at,
+                                     spent=spent)
+        clock.read = lambda: now[0]
+        model = Model()
+        model.stop_training = False
+        clock.set_model(model)
+        now[0] += start_up
+        cpu[0] += 20.0
+        if spent and clock.over_budget():  # cli.train.resumed_budget: nothing to train
+            return 0, spent
+        epochs = 0
+        while True:
+            clock.on_epoch_begin(epochs)
+            now[0] += 20.0
+            cpu[0] += 40.0
+            epochs += 1
+            record = clock.record()  # StepCheckpoint, before the clock's epoch end
+            clock.on_epoch_end(epochs)
+            if model.stop_training or epochs == kill_after:
+                break
+        return epochs, record
+
+    unkilled, _ = process(480.0)
+    assert unkilled == 23  # 0:13 + 23 x 20 s = 7:53, the epoch end nearest 8:00
+    before, record = process(480.0, kill_after=10)
+    assert record == {"clock": "wall", "wall_seconds": 213.0, "cpu_seconds": 420.0,
+                      "interval_seconds": 20.0}
+    # Resumed processes start up in 3 s: less than half an interval, so a clock
+    # that forgot the last interval's length would train one more past 7:53.
+    after, record = process(480.0, spent=record, start_at=5000.0, start_up=3.0)
+    assert before + after == unkilled
+    assert record["wall_seconds"] == 213.0 + 3.0 + 20.0 * after
+    again, _ = process(480.0, spent=record, start_at=9000.0, start_up=3.0)
+    assert again == 0  # nothing left
+    longer, _ = process(600.0, spent=record, start_at=9000.0, start_up=3.0)
+    assert longer == 6  # 7:56 + 0:03 + 6 x 20 s = 9:59, and half an interval passes 10:00
+    on_cpu = budget.TrainingClock(1000.0, clock="cpu", start=0.0, spent=record)
+    on_cpu.read = lambda: cpu[0]
+    cpu[0] = 7.0
+    assert on_cpu.elapsed() == 7.0 + record["cpu_seconds"]
+
+
 @pytest.mark.parametrize("budget_seconds", [None, 600.0])
 def test_the_first_step_is_told_once_counted_from_the_command(monkeypatch, budget_seconds):
     import io

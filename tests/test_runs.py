@@ -126,6 +126,8 @@ def test_the_layout_of_a_run_directory(tmp_path):
         "checkpoints", "ckpt-00000012.weights.h5")
     assert run.checkpoints.rng_path(checkpoint).endswith(
         os.path.join("checkpoints", "ckpt-00000012.rng.npy"))
+    assert run.checkpoints.clock_path(checkpoint).endswith(
+        os.path.join("checkpoints", "ckpt-00000012.clock.json"))
 
 
 def test_checkpoints_are_listed_by_step_and_removed_with_their_random_state(tmp_path):
@@ -135,12 +137,15 @@ def test_checkpoints_are_listed_by_step_and_removed_with_their_random_state(tmp_
     for step in (100, 9, 20):
         open(checkpoints.path(step), "w").close()
         open(checkpoints.rng_path(checkpoints.path(step)), "w").close()
+        checkpoints.write_spent(checkpoints.path(step), {"wall_seconds": step / 10})
+    assert checkpoints.spent(20) == {"wall_seconds": 2.0}
     for other in ("ckpt-00000030.tmp-7.weights.h5", "ckpt-00000040.weights.h5.unreadable"):
         open(os.path.join(checkpoints.directory, other), "w").close()
     assert checkpoints.list() == [(step, checkpoints.path(step)) for step in (9, 20, 100)]
     assert checkpoints.last(2) == [checkpoints.path(20), checkpoints.path(100)]
     checkpoints.remove(checkpoints.path(9))
     assert not os.path.exists(checkpoints.rng_path(checkpoints.path(9)))
+    assert checkpoints.spent(9) is None  # as for a checkpoint written without a clock
     aside = checkpoints.set_aside(checkpoints.path(100))
     assert aside == checkpoints.path(100) + ".unreadable" and os.path.exists(aside)
     assert [step for step, _ in checkpoints.list()] == [20]

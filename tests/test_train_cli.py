@@ -289,6 +289,30 @@ def test_time_budget_plans_and_stops_after_the_budget(tmp_path):
     assert [step for step, _ in counts] == [int(row["step"]) for row in rows], result.stdout
     assert counts[-1] == (config["steps"], config["steps"]), counts
 
+    # The budget is the run's: the same command again finds it spent and trains
+    # nothing; a larger one trains on to it, counting the time already spent.
+    checkpoints = runs.Checkpoints(os.path.join(run, "checkpoints"))
+    saved = checkpoints.list()
+    spent = checkpoints.spent(saved[-1][0])
+    assert spent["cpu_seconds"] == pytest.approx(cpu[-1], abs=1.0)
+    again = _train([*quick, "--time-budget", str(budget_minutes), "--time-budget-clock", "cpu",
+                    "--out", run])
+    assert again.returncode == 0, again.stderr
+    assert f"Its budget was spent by step {config['steps']}" in again.stdout, again.stdout
+    assert "nothing left to train" in again.stdout and "\nstep " not in again.stdout
+    assert checkpoints.list() == saved
+    assert f"Trained {config['steps']} steps in " in again.stdout  # averaged again
+    longer = _train([*quick, "--time-budget", str(1.5 * budget_minutes),
+                     "--time-budget-clock", "cpu", "--out", run])
+    assert longer.returncode == 0, longer.stderr
+    assert re.search(rf"^1:\d\d of its 1.5-minute budget \(cpu clock\) spent by step "
+                     rf"{config['steps']}; training on for the rest\.$", longer.stdout,
+                     re.M), longer.stdout
+    step, _ = checkpoints.list()[-1]
+    assert step > config["steps"]
+    # Stopped at the checkpoint nearest 1.5 minutes of the whole run's CPU time.
+    assert checkpoints.spent(step)["cpu_seconds"] == pytest.approx(90.0, abs=interval)
+
 
 # train.py, killed by SIGKILL right after checkpoint 2 is written.
 _KILLED_AFTER_STEP_2 = """

@@ -40,7 +40,8 @@ def test_average_checkpoints_is_the_mean(tmp_path):
 
 def test_step_checkpoint_keeps_the_last_and_never_a_nan(tmp_path):
     model = _compiled_model()
-    callback = training.StepCheckpoint(str(tmp_path), keep=2)
+    clock = budget.TrainingClock(600.0)
+    callback = training.StepCheckpoint(str(tmp_path), keep=2, clock=clock)
     callback.set_model(model)
     for step in (10, 20, 30):
         model.optimizer.iterations.assign(step)
@@ -52,8 +53,12 @@ def test_step_checkpoint_keeps_the_last_and_never_a_nan(tmp_path):
     callback.on_epoch_end(0, {"loss": math.nan})
     assert [step for step, _ in runs.Checkpoints(str(tmp_path)).list()] == [20, 30]
     assert sorted(os.listdir(tmp_path)) == [
-        "ckpt-00000020.rng.npy", "ckpt-00000020.weights.h5",
-        "ckpt-00000030.rng.npy", "ckpt-00000030.weights.h5"]
+        "ckpt-00000020.clock.json", "ckpt-00000020.rng.npy", "ckpt-00000020.weights.h5",
+        "ckpt-00000030.clock.json", "ckpt-00000030.rng.npy", "ckpt-00000030.weights.h5"]
+    # The time the run had spent by each checkpoint, for a resume's budget.
+    spent = runs.Checkpoints(str(tmp_path)).spent(30)
+    assert set(spent) == {"clock", "wall_seconds", "cpu_seconds", "interval_seconds"}
+    assert 0 < spent["wall_seconds"] <= clock.elapsed()
 
     restored = _compiled_model()
     assert training.restore_latest_checkpoint(restored, str(tmp_path)) == 30

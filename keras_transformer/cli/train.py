@@ -167,11 +167,15 @@ def run(args, fields, model_overrides, explicit, start, prog=PROG):
     if config.jit_compile == "on":
         account.mark("compiling")
 
-    # === Time budget: time the first steps, then plan checkpoints and warm-up ===
+    # === Time budget: time the first steps, then plan checkpoints and warm-up; a
+    # resumed run's counts what the run spent before ===
     clock = budget.TrainingClock(
         config.time_budget * 60 or None, config.time_budget_clock,
-        start=start[config.time_budget_clock], wall_start=start["wall"])
+        start=start[config.time_budget_clock], wall_start=start["wall"],
+        spent=run_dir.checkpoints.spent(step) if step else None)
     max_steps = config.steps if "steps" in explicit or not config.time_budget else None
+    if step and config.time_budget:
+        max_steps = resumed_budget(clock, config, step, max_steps)
     if config.time_budget and not step and budget.worth_planning(max_steps):
         config, step = plan_budget(model, schedule, train_batches, clock, config, explicit,
                                    max_steps)
@@ -367,6 +371,22 @@ def compile_steps(model, train_batches, dev_batches, config):
 
 def _counted(number, noun):
     return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def resumed_budget(clock, config, step, max_steps):
+    """Says what is left of a resumed run's budget, which counts the whole run;
+    returns the cap on its steps: `step` once the budget is spent."""
+    from keras_transformer import budget
+
+    spent = (f"{budget.minutes(clock.elapsed())} of its {config.time_budget:g}-minute budget "
+             f"({config.time_budget_clock} clock)")
+    if clock.over_budget():
+        print(f"Its budget was spent by step {step}, {spent}: nothing left to train "
+              "(a larger --time-budget trains on; another --out starts a new run).", flush=True)
+        return step
+    print(f"{spent[0].upper()}{spent[1:]} spent by step {step}; training on for the rest.",
+          flush=True)
+    return max_steps
 
 
 def plan_budget(model, schedule, train_batches, clock, config, explicit, max_steps):
