@@ -6,7 +6,8 @@
 # Training gets 8 of the job's 10 minutes, and chooses its vocabulary, batch size
 # and dropout from the CPU's measured speed (docs/cpu-recipes.md, with the
 # figures). Extra arguments go to keras-transformer train, e.g. --time-budget 20
-# for a better model.
+# for a better model. Run again, the run's budget is spent and it exports it again;
+# a larger --time-budget trains it on, and removing runs/quickstart starts anew.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
