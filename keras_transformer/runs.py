@@ -50,6 +50,15 @@ WEIGHTS = {"averaged": AVERAGED_WEIGHTS, "final": FINAL_MODEL}
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.weights\.h5$")
 
 
+def _write_json(path, values, sort_keys=False):
+    """Writes `values` to `path` as indented JSON, whole or not at all."""
+    def write(temporary):
+        with open(temporary, "w") as f:
+            json.dump(values, f, indent=2, sort_keys=sort_keys)
+
+    durable.write_atomically(path, write)
+
+
 class Checkpoints:
     """A run's checkpoints (`RUN/checkpoints/`): `ckpt-<step>.weights.h5`, the
     model's and optimizer's state at an optimizer step, each with dropout's
@@ -80,11 +89,7 @@ class Checkpoints:
 
     def write_spent(self, checkpoint, record):
         """Writes the time `record` of `checkpoint`, before the checkpoint itself."""
-        def write(path):
-            with open(path, "w") as f:
-                json.dump(record, f, indent=2, sort_keys=True)
-
-        durable.write_atomically(self.clock_path(checkpoint), write)
+        _write_json(self.clock_path(checkpoint), record, sort_keys=True)
 
     def spent(self, step):
         """The time record of the checkpoint of `step` (`budget.TrainingClock`'s
@@ -166,13 +171,8 @@ class Run:
         values = {"model": model_config.to_dict(), "training": training_config.to_dict()}
         if os.path.isdir(self.vocab_dir):
             values["vocab_sha256"] = vocabulary_digest(self.vocab_dir)
-
-        def write(path):
-            with open(path, "w") as f:
-                json.dump(values, f, indent=2, sort_keys=True)
-
         os.makedirs(self.directory, exist_ok=True)
-        durable.write_atomically(self.config_path, write)
+        _write_json(self.config_path, values, sort_keys=True)
 
     # decoding.json --------------------------------------------------------
 
@@ -189,12 +189,7 @@ class Run:
         tried = [{"no_repeat_ngram_size": size, "alpha": alpha, "bleu": round(bleu, 2)}
                  for (size, alpha), bleu in scores.items()]
         values = {**settings, "sentences": sentences, "tried": tried}
-
-        def write(path):
-            with open(path, "w") as f:
-                json.dump(values, f, indent=2)
-
-        durable.write_atomically(self.decoding_path, write)
+        _write_json(self.decoding_path, values)
 
     def decoding_settings(self):
         """The request settings this run chose for its translations
