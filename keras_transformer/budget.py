@@ -25,8 +25,8 @@ CALIBRATION_STEPS = 20
 
 class TrainingClock(keras.callbacks.Callback):
     """Times a run on one clock and, with a budget, stops it at the epoch end
-    nearest the budget (`over_budget`); adds `step`, `cpu_seconds`, `elapsed_seconds` (since
-    `start`, default now) and, where the model counts `target_tokens`,
+    nearest the budget (`over_budget`); adds `step`, `cpu_seconds` and `elapsed_seconds`
+    (the run's, as `record()` gives them: a resumed run's go on from `spent`) and, where the model counts `target_tokens`,
     `target_tokens_per_second` (over the wall-clock time of the epoch's steps, its
     dev pass left out), `median_step_seconds`, `mean_step_seconds` and
     `slowest_step_seconds` (wall clock) and, after a dev pass, `dev_pass_seconds` to the
@@ -80,9 +80,11 @@ class TrainingClock(keras.callbacks.Callback):
         return self.read() - self.start + self.spent_before[self.clock]
 
     def record(self):
-        """What a checkpoint written now keeps for a resume (`spent`): the
-        seconds spent on each clock (CPU time from the process's start, as
-        log.csv's cpu_seconds), and on this one the epoch so far."""
+        """What a checkpoint written now keeps for a resume (`spent`), and what
+        log.csv's rows say: the seconds the run has spent on each clock, those
+        before a resume included (this process's: wall clock since `wall_start`;
+        CPU time since `start` on the CPU clock, else since the process's start),
+        and on this one the epoch so far."""
         cpu = self.elapsed() if self.clock == "cpu" else time.process_time() + self.spent_before[
             "cpu"]
         wall = time.monotonic() - self.wall_start + self.spent_before["wall"]
@@ -152,8 +154,11 @@ class TrainingClock(keras.callbacks.Callback):
                 logs["slowest_step_seconds"] = round(float(np.max(walls)), 5)
             if self._dev_seconds is not None:
                 logs["dev_pass_seconds"] = round(self._dev_seconds, 3)
-            logs["cpu_seconds"] = round(time.process_time(), 2)
-            logs["elapsed_seconds"] = round(time.monotonic() - self.wall_start, 2)
+            # The run's time, as its checkpoints record it: a resumed run's rows go on
+            # from the time its checkpoint recorded instead of starting again at 0.
+            spent = self.record()
+            logs["cpu_seconds"] = round(spent["cpu_seconds"], 2)
+            logs["elapsed_seconds"] = round(spent["wall_seconds"], 2)
         if self.over_budget():
             self.model.stop_training = True
 

@@ -179,7 +179,7 @@ def test_a_resumed_budget_counts_the_whole_run(monkeypatch):
     would have stopped unkilled, its budget counting the time before the kill
     (the checkpoint's `record()`); resumed once more after that, it has
     nothing left to train. The CPU clock's time is kept as well, for a run
-    resumed on the other clock."""
+    resumed on the other clock. log.csv's rows count the whole run too."""
     import keras
 
     now, cpu = [0.0], [0.0]  # a new process starts its monotonic clock anywhere
@@ -193,8 +193,8 @@ def test_a_resumed_budget_counts_the_whole_run(monkeypatch):
     def process(budget_seconds, spent=None, kill_after=None, start_at=0.0, start_up=13.0):
         """A train process: `start_up` seconds, then epochs of 20 s (40 s of CPU
         on 2 cores) until the clock stops it or it is killed after the
-        checkpoint of epoch `kill_after`. Returns the epochs run and the
-        record of its last checkpoint."""
+        checkpoint of epoch `kill_after`. Returns the epochs run, the
+        record of its last checkpoint and its log.csv rows."""
         now[0], cpu[0] = start_at, 0.0
         clock = budget.TrainingClock(budget_seconds, start=start_at, wall_start=start_at,
                                      spent=spent)
@@ -205,32 +205,39 @@ def test_a_resumed_budget_counts_the_whole_run(monkeypatch):
         now[0] += start_up
         cpu[0] += 20.0
         if spent and clock.over_budget():  # cli.train.resumed_budget: nothing to train
-            return 0, spent
-        epochs = 0
+            return 0, spent, []
+        epochs, rows = 0, []
         while True:
             clock.on_epoch_begin(epochs)
             now[0] += 20.0
             cpu[0] += 40.0
             epochs += 1
             record = clock.record()  # StepCheckpoint, before the clock's epoch end
-            clock.on_epoch_end(epochs)
+            rows.append({})
+            clock.on_epoch_end(epochs, rows[-1])
             if model.stop_training or epochs == kill_after:
                 break
-        return epochs, record
+        return epochs, record, rows
 
-    unkilled, _ = process(480.0)
+    unkilled, _, _ = process(480.0)
     assert unkilled == 23  # 0:13 + 23 x 20 s = 7:53, the epoch end nearest 8:00
-    before, record = process(480.0, kill_after=10)
+    before, record, rows_before = process(480.0, kill_after=10)
     assert record == {"clock": "wall", "wall_seconds": 213.0, "cpu_seconds": 420.0,
                       "interval_seconds": 20.0}
+    assert (rows_before[-1]["elapsed_seconds"], rows_before[-1]["cpu_seconds"]) == (213.0, 420.0)
     # Resumed processes start up in 3 s: less than half an interval, so a clock
     # that forgot the last interval's length would train one more past 7:53.
-    after, record = process(480.0, spent=record, start_at=5000.0, start_up=3.0)
+    after, record, rows_after = process(480.0, spent=record, start_at=5000.0, start_up=3.0)
     assert before + after == unkilled
     assert record["wall_seconds"] == 213.0 + 3.0 + 20.0 * after
-    again, _ = process(480.0, spent=record, start_at=9000.0, start_up=3.0)
+    # log.csv goes on from the checkpoint's time, its start-up counted, as the budget does.
+    assert [row["elapsed_seconds"] for row in rows_after] == [
+        213.0 + 3.0 + 20.0 * epoch for epoch in range(1, after + 1)]
+    assert [row["cpu_seconds"] for row in rows_after] == [
+        420.0 + 20.0 + 40.0 * epoch for epoch in range(1, after + 1)]
+    again, _, _ = process(480.0, spent=record, start_at=9000.0, start_up=3.0)
     assert again == 0  # nothing left
-    longer, _ = process(600.0, spent=record, start_at=9000.0, start_up=3.0)
+    longer, _, _ = process(600.0, spent=record, start_at=9000.0, start_up=3.0)
     assert longer == 6  # 7:56 + 0:03 + 6 x 20 s = 9:59, and half an interval passes 10:00
     on_cpu = budget.TrainingClock(1000.0, clock="cpu", start=0.0, spent=record)
     on_cpu.read = lambda: cpu[0]
