@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The test command: sets up .venv with the test extra (scripts/setup.sh) and runs pytest, slow tests
-# included, in one worker process per core (at most 4; the suite is CPU-bound), then the tests
-# marked `alone` (they train for minutes of wall clock and need the machine to themselves).
-# Extra arguments go to both pytest runs, e.g. -m "not slow".
+# The test command: sets up .venv with the test extra (scripts/setup.sh) and runs the fast tests
+# (setup.cfg's default -m "not slow") in one worker process per core (at most 4; the suite is
+# CPU-bound), then the tests marked `alone` (they train for minutes of wall clock and need the
+# machine to themselves). Extra arguments go to both pytest runs; a -m among them replaces the
+# default: -m slow runs the slow end-to-end tests (.ci/run runs them after the fast ones), -m ""
+# every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
