@@ -32,6 +32,11 @@ def write_atomically(path, write):
     (`ckpt-00000010.tmp-123.weights.h5`), so that Keras accepts it and
     `remove_temporaries` recognizes it. A directory replaces nothing: `path`
     must not exist.
+
+    A write that fails with an error of the system's (a full disk, say) leaves
+    nothing behind and raises `OSError` with that error's number and words,
+    naming `path`: "[Errno 28] No space left on device: 'ckpt-...'", where h5py
+    would say "Can't synchronously write data (file write failed: time = ...".
     """
     directory, name = os.path.split(os.path.abspath(path))
     suffix = next((s for s in _SUFFIXES if name.endswith(s)), "")
@@ -42,11 +47,39 @@ def write_atomically(path, write):
         _fsync_tree(temporary)
         os.replace(temporary, path)
         _fsync(directory)
+    except OSError as error:
+        _close_hdf5_files(temporary)
+        if not error.errno:
+            raise
+        raise OSError(error.errno, os.strerror(error.errno), path) from error
+    except BaseException:
+        _close_hdf5_files(temporary)
+        raise
     finally:
         if os.path.isdir(temporary):
             shutil.rmtree(temporary, ignore_errors=True)
         elif os.path.exists(temporary):
             os.remove(temporary)
+
+
+def _close_hdf5_files(path):
+    """Closes the h5py files that a failed writer left open on `path`. Keras's
+    `save_weights` leaves its file open when a write fails; h5py would flush it
+    when the process ends, fail again on the full disk and crash the interpreter
+    (a segmentation fault after the traceback). Closing it here fails once more
+    (the flush), but closes it."""
+    h5py = sys.modules.get("h5py")
+    if h5py is None:  # nothing wrote HDF5
+        return
+    import gc
+
+    for item in gc.get_objects():
+        if isinstance(item, h5py.File):
+            try:
+                if item.id.valid and os.path.abspath(item.filename) == path:
+                    item.close()
+            except (AttributeError, OSError, RuntimeError, ValueError):
+                pass
 
 
 def remove_temporaries(run_dir):

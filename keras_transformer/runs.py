@@ -115,9 +115,8 @@ class Checkpoints:
         return [path for _, path in self.list()][-count:]
 
     def remove(self, checkpoint):
-        """Removes `checkpoint` and the files beside it."""
-        os.remove(checkpoint)
-        for path in (self.rng_path(checkpoint), self.clock_path(checkpoint)):
+        """Removes `checkpoint` and the files beside it, those it has."""
+        for path in (checkpoint, self.rng_path(checkpoint), self.clock_path(checkpoint)):
             if os.path.exists(path):
                 os.remove(path)
 

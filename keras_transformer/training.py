@@ -338,12 +338,16 @@ class StepCheckpoint(keras.callbacks.Callback):
         # Dropout's random state and the time spent first: a checkpoint is whole
         # once its weights exist.
         states = [v.numpy() for v in _rng_states(self.model)]
-        if states:  # none without dropout (dropout_rate 0)
-            write_atomically(self.checkpoints.rng_path(path),
-                             lambda temporary: np.save(temporary, np.stack(states)))
-        if self.clock is not None:
-            self.checkpoints.write_spent(path, self.clock.record())
-        write_atomically(path, self.model.save_weights)
+        try:
+            if states:  # none without dropout (dropout_rate 0)
+                write_atomically(self.checkpoints.rng_path(path),
+                                 lambda temporary: np.save(temporary, np.stack(states)))
+            if self.clock is not None:
+                self.checkpoints.write_spent(path, self.clock.record())
+            write_atomically(path, self.model.save_weights)
+        except OSError:  # a full disk, say: the last whole checkpoint stays the last
+            self.checkpoints.remove(path)
+            raise
         for _, old in self.checkpoints.list()[: -self.keep]:
             self.checkpoints.remove(old)
 

@@ -227,6 +227,16 @@ MUTANTS = [
            'f.writelines(text.replace("\\n", " ") + "\\n" for text in hypotheses)',
            'f.writelines(text.replace("\\n", " ") + "\\n" for text in hypotheses if text)',
            ["tests/test_cli.py::test_evaluate_scores_the_reference_column_and_writes_the_output"]),
+    # A full disk: Keras's HDF5 file left open, which crashed the interpreter at exit.
+    mutant("hdf5-file-left-open", "keras_transformer/durable.py",
+           "item.close()", "pass",
+           ["tests/test_durable.py::"
+            "test_a_full_disk_is_named_and_the_file_keras_left_open_is_closed"]),
+    # A full disk: the failed checkpoint's random state and time record left behind.
+    mutant("half-checkpoint-kept", "keras_transformer/training.py",
+           "self.checkpoints.remove(path)", "pass",
+           ["tests/test_training.py::"
+            "test_a_checkpoint_that_finds_the_disk_full_leaves_nothing_of_its_own"]),
 ]
 
 

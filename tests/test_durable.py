@@ -1,6 +1,7 @@
 """Tests for keras_transformer.durable: whole-or-absent files, leftovers of killed
 writers, and one writer per run directory."""
 
+import errno
 import os
 import subprocess
 import sys
@@ -35,6 +36,40 @@ def test_a_file_is_whole_or_absent_and_temporaries_carry_the_pid(tmp_path):
 
     durable.write_atomically(str(tmp_path / "vocab"), directory)
     assert os.listdir(tmp_path / "vocab") == ["file"]
+
+
+def test_a_full_disk_is_named_and_the_file_keras_left_open_is_closed(tmp_path, monkeypatch):
+    """Keras's save_weights leaves its HDF5 file open when a write fails (a full
+    disk): h5py would flush it as the process ends, fail again and crash the
+    interpreter (a segmentation fault after the traceback, seen on a full tmpfs).
+    write_atomically closes it, removes the temporary, and names the system's
+    error and the file it was writing, where h5py says "Can't synchronously
+    write data (file write failed: time = ...)"."""
+    import h5py
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+    path = str(tmp_path / "ckpt-00000006.weights.h5")
+    create_dataset = h5py.Group.create_dataset
+    written = []
+
+    def fills_the_disk(self, *args, **kwargs):
+        if written:  # the second array finds the disk full
+            raise OSError(errno.ENOSPC, "Can't synchronously write data (file write failed: "
+                          "time = Sun Nov 29 11:17:26 2026, errno = 28, error message = 'No "
+                          "space left on device')")
+        written.append(args)
+        return create_dataset(self, *args, **kwargs)
+
+    monkeypatch.setattr(h5py.Group, "create_dataset", fills_the_disk)
+    with pytest.raises(OSError) as raised:
+        durable.write_atomically(path, model.save_weights)
+    assert written  # a file was open and half written
+    assert str(raised.value) == f"[Errno 28] No space left on device: '{path}'"
+    assert os.listdir(tmp_path) == []
+    open_files = [file_id.name for file_id in
+                  h5py.h5f.get_obj_ids(h5py.h5f.OBJ_ALL, h5py.h5f.OBJ_FILE)]
+    assert not [name for name in open_files if str(tmp_path).encode() in name], open_files
 
 
 def test_what_killed_writers_left_is_removed(tmp_path):

@@ -363,6 +363,43 @@ def test_killed_run_resumes_like_an_uninterrupted_one(accumulate_steps, tmp_path
         np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5)
 
 
+# train.py on a disk that fills while the checkpoint of step 4 is written: h5py
+# fails its write as it does on a full disk (errno 28).
+_DISK_FULL_AT_STEP_4 = """
+import errno, os, runpy, sys
+import h5py
+create_dataset = h5py.Group.create_dataset
+def fills_the_disk(self, *args, **kwargs):
+    if "ckpt-00000004" in self.file.filename:
+        raise OSError(errno.ENOSPC, "Can't synchronously write data (file write failed: "
+                      "errno = 28, error message = 'No space left on device')")
+    return create_dataset(self, *args, **kwargs)
+h5py.Group.create_dataset = fills_the_disk
+sys.argv = ["train.py", *sys.argv[1:]]
+sys.exit(runpy.run_path(os.path.join(os.environ["ROOT"], "train.py"), run_name="__main__"))
+"""
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_the_run_in_two_lines_at_its_last_whole_checkpoint(tmp_path):
+    """No traceback (nor the segmentation fault that h5py's file, left open by
+    Keras, caused as the process ended): what failed, what to do, and where the
+    same command resumes; the checkpoint that failed leaves no file."""
+    run = str(tmp_path / "run")
+    full = subprocess.run(
+        [sys.executable, "-c", _DISK_FULL_AT_STEP_4, *QUICK, "--out", run],
+        env=dict(os.environ, PYTHONPATH=python_path(ROOT), ROOT=ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
+        capture_output=True, text=True, timeout=900)
+    checkpoint = os.path.join(run, "checkpoints", "ckpt-00000004.weights.h5")
+    assert full.returncode == 1, full.stderr
+    assert full.stderr.splitlines() == [
+        f"train.py: No space left on device: {checkpoint}; free some space.",
+        f"train.py: stopped. The same command resumes {run} from its last checkpoint, step 2."]
+    assert not [name for name in os.listdir(os.path.dirname(checkpoint))
+                if "00000004" in name or ".tmp-" in name]
+    assert [step for step, _ in runs.Checkpoints(os.path.dirname(checkpoint)).list()] == [2]
+
+
 def test_sigterm_before_training_says_where_the_run_resumes_and_releases_its_lock(tmp_path):
     run = str(tmp_path / "run")
     process = subprocess.Popen(

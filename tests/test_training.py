@@ -1,3 +1,4 @@
+import errno
 import math
 import os
 import signal
@@ -66,6 +67,30 @@ def test_step_checkpoint_keeps_the_last_and_never_a_nan(tmp_path):
     for a, b in zip(restored.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(a, b)
     assert training.restore_latest_checkpoint(_compiled_model(), str(tmp_path / "none")) == 0
+
+
+def test_a_checkpoint_that_finds_the_disk_full_leaves_nothing_of_its_own(tmp_path, monkeypatch):
+    """Its random state and time record are written before its weights; where
+    the weights find the disk full, they are removed too, and the last whole
+    checkpoint stays the run's last (train says it resumes there)."""
+    model = _compiled_model()
+    callback = training.StepCheckpoint(str(tmp_path), keep=2, clock=budget.TrainingClock(600.0))
+    callback.set_model(model)
+    model.optimizer.iterations.assign(10)
+    callback.on_epoch_end(0, {"loss": 1.0})
+    whole = sorted(os.listdir(tmp_path))
+
+    def fills_the_disk(path):
+        with open(path, "wb") as f:
+            f.write(b"half a checkpoint")
+        raise OSError(errno.ENOSPC, "Can't synchronously write data (file write failed)")
+
+    monkeypatch.setattr(model, "save_weights", fills_the_disk)
+    model.optimizer.iterations.assign(20)
+    with pytest.raises(OSError, match=r"No space left on device: .*ckpt-00000020\.weights\.h5"):
+        callback.on_epoch_end(0, {"loss": 1.0})
+    assert sorted(os.listdir(tmp_path)) == whole
+    assert [step for step, _ in runs.Checkpoints(str(tmp_path)).list()] == [10]
 
 
 def test_a_model_without_dropout_checkpoints_and_resumes(tmp_path):

@@ -15,6 +15,7 @@ optimizer state and position in the (deterministic) input pipeline.
 
 import argparse
 import dataclasses
+import errno
 import math
 import os
 import signal
@@ -105,6 +106,12 @@ def main(argv=None, prog=PROG):
     except KeyboardInterrupt as stopped:  # a sentence, not TensorFlow's stack
         print(file=sys.stderr)
         return stopped_by(getattr(stopped, "signal", signal.SIGINT), args.out, prog)
+    except OSError as error:  # a full disk, say: what failed, and where the run resumes
+        what = f"{error.strerror or error}" + (f": {error.filename}" if error.filename else "")
+        advice = "; free some space" if error.errno in FULL else ""
+        print(f"{prog}: {what}{advice}.\n{prog}: stopped. {where_it_resumes(args.out)}",
+              file=sys.stderr)
+        return 1
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
@@ -115,18 +122,26 @@ def stopped_by(signal_number, out, prog, step=None):
     the same command resumes it (`step`: where it stopped, if it wrote a checkpoint
     there). Returns the exit status a shell reports for that signal, 128 + its
     number."""
+    print(f"{prog}: stopped. {where_it_resumes(out, step)}", file=sys.stderr)
+    return 128 + signal_number
+
+
+# The system's errors for a full disk (or quota): train says to free some space.
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def where_it_resumes(out, step=None):
+    """Where the same command resumes the run in `out`, in a sentence: from
+    `step` where its last checkpoint is there (where it stopped), else from its
+    last checkpoint, or anew."""
     from keras_transformer import runs
 
-    saved = runs.Run(out).checkpoints.list()
+    saved = runs.Run(out).checkpoints.list() if os.path.isdir(out) else []
     if not saved:
-        left = f"No checkpoint was written; the same command starts {out} again."
-    elif saved[-1][0] == step:
-        left = f"The same command resumes {out} from step {step}, where it stopped."
-    else:
-        left = (f"The same command resumes {out} from its last checkpoint, step "
-                f"{saved[-1][0]}; the steps after it are trained again.")
-    print(f"{prog}: stopped. {left}", file=sys.stderr)
-    return 128 + signal_number
+        return f"No checkpoint was written; the same command starts {out} again."
+    if saved[-1][0] == step:
+        return f"The same command resumes {out} from step {step}, where it stopped."
+    return f"The same command resumes {out} from its last checkpoint, step {saved[-1][0]}."
 
 
 def run(args, fields, model_overrides, explicit, start, prog=PROG):
