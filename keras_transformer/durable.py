@@ -10,6 +10,7 @@ that one is writing.
 
 import atexit
 import datetime
+import errno
 import fcntl
 import os
 import re
@@ -80,6 +81,21 @@ def _close_hdf5_files(path):
                     item.close()
             except (AttributeError, OSError, RuntimeError, ValueError):
                 pass
+
+
+# The system's errors for a disk that is full, or a quota that is spent.
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def full_disk_error(error, path):
+    """`error` (TensorFlow's for a file write: a `ResourceExhaustedError` that
+    ends "; No space left on device") as the system's `OSError`, naming `path`;
+    None where it does not say the disk is full (a `ResourceExhaustedError` is
+    also how TensorFlow runs out of memory)."""
+    for number in FULL:
+        if os.strerror(number) in str(error):
+            return OSError(number, os.strerror(number), path)
+    return None
 
 
 def remove_temporaries(run_dir):

@@ -21,6 +21,7 @@ import tensorflow as tf
 from keras_transformer import serving_shapes
 from keras_transformer.export_files import CONFIG_FILENAME
 from keras_transformer.export_files import WARMUP_FILENAME
+from keras_transformer.durable import full_disk_error
 from keras_transformer.durable import write_atomically
 from keras_transformer.hardware import available_cores
 from keras_transformer.decoding_config import positive_int
@@ -81,6 +82,8 @@ def export_translator(
         ValueError: the version exists already, or a warm-up sentence is over
             the request limits.
         ExportError: the check failed.
+        OSError: the disk filled (errno ENOSPC, naming the version's directory);
+            nothing of the export is left.
     """
     limits = translator.config
     if warmup_texts is None:
@@ -126,6 +129,11 @@ def export_translator(
         if check:
             _check_against(translator, temporary_path, check_texts, warmup_texts)
         os.rename(temporary_path, final_path)
+    except tf.errors.ResourceExhaustedError as error:  # a full disk, or memory
+        full = full_disk_error(error, final_path)
+        if full is None:
+            raise
+        raise full from error
     finally:
         shutil.rmtree(temporary_path, ignore_errors=True)
     return final_path

@@ -223,9 +223,9 @@ MUTANTS = [
            'precision = "bfloat16"',
            ["tests/test_decoding_precision.py"]),
     # evaluate --output loses the line of an empty translation.
-    mutant("evaluate-output-lines", "keras_transformer/cli/evaluate.py",
-           'f.writelines(text.replace("\\n", " ") + "\\n" for text in hypotheses)',
-           'f.writelines(text.replace("\\n", " ") + "\\n" for text in hypotheses if text)',
+    mutant("evaluate-output-lines", "keras_transformer/cli/common.py",
+           'stream.writelines(text.replace("\\n", " ") + "\\n" for text in texts)',
+           'stream.writelines(text.replace("\\n", " ") + "\\n" for text in texts if text)',
            ["tests/test_cli.py::test_evaluate_scores_the_reference_column_and_writes_the_output"]),
     # A full disk: Keras's HDF5 file left open, which crashed the interpreter at exit.
     mutant("hdf5-file-left-open", "keras_transformer/durable.py",

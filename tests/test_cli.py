@@ -1,5 +1,6 @@
 """Tests of export.py, translate.py and evaluate.py as a user runs them (subprocesses)."""
 
+import errno
 import json
 import os
 import subprocess
@@ -194,6 +195,41 @@ def _translations(translator, sentences, **knobs):
     outputs = translator.translate(
         tf.constant(sentences), **{k: tf.constant(v, dtypes[k]) for k, v in knobs.items()})
     return [t.decode() for t in outputs["translation"].numpy()]
+
+
+def test_a_full_disk_keeps_the_output_file_that_was_there_and_says_so(
+        run_dir, run_translators, tmp_path, monkeypatch, capsys):
+    """translate and evaluate write --output whole or not at all: a disk that
+    fills as the file is written (here at its fsync, where a delayed write's
+    ENOSPC surfaces) leaves the file that was there, and the command says what
+    failed in a line (exit 1) instead of a traceback."""
+    from keras_transformer import durable
+    from keras_transformer import loading
+    from keras_transformer.cli import evaluate
+    from keras_transformer.cli import translate
+
+    source = tmp_path / "source.txt"
+    source.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    output = tmp_path / "out.txt"
+    output.write_text("what was there\n", encoding="utf-8")
+    monkeypatch.setattr(loading, "load_translator",
+                        lambda *args, **options: run_translators["averaged"])
+    for name in ("TF_ENABLE_ONEDNN_OPTS", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"):
+        monkeypatch.setenv(name, os.environ.get(name, "1"))
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(durable.os, "fsync", full)
+    for module, flags in ((translate, [source]), (evaluate, ["--src", source, "--ref", source])):
+        capsys.readouterr()
+        status = module.main([*map(str, flags), "--run", str(run_dir), "--output", str(output),
+                              "--no-progress", "--verbose"])
+        err = capsys.readouterr().err
+        assert status == 1, err
+        assert err.endswith(f": No space left on device: {output}; free some space.\n"), err
+        assert output.read_text(encoding="utf-8") == "what was there\n"
+        assert sorted(os.listdir(tmp_path)) == ["out.txt", "source.txt"]
 
 
 def test_evaluate_scores_the_reference_column_and_writes_the_output(

@@ -221,6 +221,32 @@ def test_existing_version_is_not_overwritten(export_path, translator):
         saved_model.export_translator(translator, base, int(version), check=False)
 
 
+def test_a_full_disk_is_named_and_leaves_no_partial_export(translator, tmp_path, monkeypatch):
+    """TensorFlow says a full disk as a ResourceExhaustedError ("...; No space left
+    on device"): the export raises the system's error naming the version's
+    directory, and leaves nothing; running out of memory, also a
+    ResourceExhaustedError, is passed on as it is."""
+    save = tf.saved_model.save
+
+    def fills_the_disk(obj, path, signatures=None):
+        save(obj, path, signatures=signatures)  # the files are written, then the last fails
+        raise tf.errors.ResourceExhaustedError(
+            None, None, f"{path}/saved_model.pb.tmp3b2; No space left on device")
+
+    monkeypatch.setattr(tf.saved_model, "save", fills_the_disk)
+    with pytest.raises(OSError) as raised:
+        saved_model.export_translator(translator, str(tmp_path), check=False)
+    assert str(raised.value) == f"[Errno 28] No space left on device: '{tmp_path}/1'"
+    assert os.listdir(tmp_path) == []
+
+    def out_of_memory(obj, path, signatures=None):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+
+    monkeypatch.setattr(tf.saved_model, "save", out_of_memory)
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="OOM when allocating"):
+        saved_model.export_translator(translator, str(tmp_path), check=False)
+
+
 @pytest.mark.slow
 def test_request_limits_are_refused_before_any_work(tmp_path, model, tokenizer):
     limited = serving.Translator(model, tokenizer, extra_length=EXTRA_LENGTH, beam_sizes=(1, 4),

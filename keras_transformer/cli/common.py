@@ -15,6 +15,9 @@ import sys
 import threading
 import warnings
 
+from keras_transformer.durable import FULL
+from keras_transformer.durable import write_atomically
+
 # What every command (and benchmark) sets before TensorFlow starts, unless the
 # environment does:
 # - TF_CPP_MIN_LOG_LEVEL: TensorFlow's C++ start-up logs drown the output; 0 brings
@@ -404,3 +407,32 @@ def quiet_libraries():
         thread.join(timeout=5)
 
     atexit.register(restore)
+
+
+def os_error_line(error):
+    """An `OSError` of the system's in a sentence: its words, the file, and for a
+    full disk what to do ("No space left on device: PATH; free some space.")."""
+    what = f"{error.strerror or error}" + (f": {error.filename}" if error.filename else "")
+    return what + ("; free some space." if error.errno in FULL else ".")
+
+
+def write_lines(path, texts):
+    """Writes `texts` to `path` ("-": stdout), one a line (a newline within one
+    becomes a space). A file is written whole or not at all
+    (`durable.write_atomically`: a full disk leaves what was there before);
+    stdout, a device or a pipe, directly."""
+    def write(stream):
+        stream.writelines(text.replace("\n", " ") + "\n" for text in texts)
+
+    def write_file(temporary):
+        with open(temporary, "w", encoding="utf-8") as f:
+            write(f)
+
+    if path == "-":
+        write(sys.stdout)
+        sys.stdout.flush()
+    elif os.path.exists(path) and not os.path.isfile(path):  # /dev/null, a named pipe
+        with open(path, "w", encoding="utf-8") as f:
+            write(f)
+    else:
+        write_atomically(path, write_file)

@@ -22,8 +22,10 @@ from keras_transformer.cli.common import check_translator_flags
 from keras_transformer.cli.common import corpus_source
 from keras_transformer.cli.common import is_named_corpus
 from keras_transformer.cli.common import load_command_translator
+from keras_transformer.cli.common import os_error_line
 from keras_transformer.cli.common import parallel_searches
 from keras_transformer.cli.common import start_decoding
+from keras_transformer.cli.common import write_lines
 from keras_transformer.decoding_config import REQUEST_SETTINGS
 
 
@@ -100,8 +102,11 @@ def main(argv=None, prog=PROG):
         return 2
     hypotheses = result.pop("hypotheses")
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.writelines(text.replace("\n", " ") + "\n" for text in hypotheses)
+        try:
+            write_lines(args.output, hypotheses)
+        except OSError as error:  # a full disk, say: no half-written --output
+            print(f"{prog}: {os_error_line(error)}", file=sys.stderr)
+            return 1
     if args.json:
         print(json.dumps(result, indent=2))
     else:

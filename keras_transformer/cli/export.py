@@ -22,6 +22,7 @@ from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import WEIGHTS
 from keras_transformer.cli.common import add_decoding_flags
 from keras_transformer.cli.common import decoding_config
+from keras_transformer.cli.common import os_error_line
 from keras_transformer.cli.common import start_decoding
 from keras_transformer.ctranslate2_model import QUANTIZATIONS
 from keras_transformer.decoding_config import REQUEST_SETTINGS
@@ -130,6 +131,9 @@ def main(argv=None, prog=PROG):
         return 2
     except saved_model.ExportError as error:
         print(f"{prog}: the export failed its check: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:  # a full disk, say
+        print(f"{prog}: {os_error_line(error)} Nothing was exported.", file=sys.stderr)
         return 1
     checked = "" if args.no_check else ", checked in a separate process"
     print(f"{prog}: wrote {path}{checked}")

@@ -15,7 +15,6 @@ optimizer state and position in the (deterministic) input pipeline.
 
 import argparse
 import dataclasses
-import errno
 import math
 import os
 import signal
@@ -29,6 +28,7 @@ from keras_transformer.cli.common import add_config_flags
 from keras_transformer.cli.common import check_corpus_files
 from keras_transformer.cli.common import corpus_source
 from keras_transformer.cli.common import corpus_splits
+from keras_transformer.cli.common import os_error_line
 from keras_transformer.cli.common import quiet_libraries
 from keras_transformer.cli.common import use_compilation_cache
 from keras_transformer.cli.common import use_xla_gpu_flags
@@ -107,9 +107,7 @@ def main(argv=None, prog=PROG):
         print(file=sys.stderr)
         return stopped_by(getattr(stopped, "signal", signal.SIGINT), args.out, prog)
     except OSError as error:  # a full disk, say: what failed, and where the run resumes
-        what = f"{error.strerror or error}" + (f": {error.filename}" if error.filename else "")
-        advice = "; free some space" if error.errno in FULL else ""
-        print(f"{prog}: {what}{advice}.\n{prog}: stopped. {where_it_resumes(args.out)}",
+        print(f"{prog}: {os_error_line(error)}\n{prog}: stopped. {where_it_resumes(args.out)}",
               file=sys.stderr)
         return 1
     finally:
@@ -124,10 +122,6 @@ def stopped_by(signal_number, out, prog, step=None):
     number."""
     print(f"{prog}: stopped. {where_it_resumes(out, step)}", file=sys.stderr)
     return 128 + signal_number
-
-
-# The system's errors for a full disk (or quota): train says to free some space.
-FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def where_it_resumes(out, step=None):

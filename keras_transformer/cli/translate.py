@@ -19,8 +19,10 @@ from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import add_translator_flags
 from keras_transformer.cli.common import check_translator_flags
 from keras_transformer.cli.common import load_command_translator
+from keras_transformer.cli.common import os_error_line
 from keras_transformer.cli.common import parallel_searches
 from keras_transformer.cli.common import start_decoding
+from keras_transformer.cli.common import write_lines
 from keras_transformer.decoding_config import REQUEST_SETTINGS
 
 
@@ -69,20 +71,10 @@ def main(argv=None, prog=PROG):
     except (ValueError, FileNotFoundError) as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
-    output = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
-    with output if args.output != "-" else _NoClose(output):
-        for text in translations:
-            output.write(text.replace("\n", " ") + "\n")
+    try:
+        write_lines(args.output, translations)
+    except OSError as error:  # a full disk, say: no half-written --output
+        print(f"{prog}: {os_error_line(error)}", file=sys.stderr)
+        return 1
     return 0
-
-
-class _NoClose:
-    def __init__(self, stream):
-        self.stream = stream
-
-    def __enter__(self):
-        return self.stream
-
-    def __exit__(self, *exc):
-        self.stream.flush()
 
