@@ -25,8 +25,9 @@ CALIBRATION_STEPS = 20
 
 class TrainingClock(keras.callbacks.Callback):
     """Times a run on one clock and, with a budget, stops it at the epoch end
-    nearest the budget (`over_budget`); adds `step`, `cpu_seconds` and `elapsed_seconds`
-    (the run's, as `record()` gives them: a resumed run's go on from `spent`) and, where the model counts `target_tokens`,
+    nearest the budget (`over_budget`); adds `step`, `cpu_seconds` and
+    `elapsed_seconds` (the run's, as `record()` gives them: a resumed run's go on
+    from `spent`) and, where the model counts `target_tokens`,
     `target_tokens_per_second` (over the wall-clock time of the epoch's steps, its
     dev pass left out), `median_step_seconds`, `mean_step_seconds` and
     `slowest_step_seconds` (wall clock) and, after a dev pass, `dev_pass_seconds` to the

@@ -48,13 +48,10 @@ def write_atomically(path, write):
         _fsync_tree(temporary)
         os.replace(temporary, path)
         _fsync(directory)
-    except OSError as error:
+    except BaseException as error:
         _close_hdf5_files(temporary)
-        if not error.errno:
-            raise
-        raise OSError(error.errno, os.strerror(error.errno), path) from error
-    except BaseException:
-        _close_hdf5_files(temporary)
+        if isinstance(error, OSError) and error.errno:
+            raise OSError(error.errno, os.strerror(error.errno), path) from error
         raise
     finally:
         if os.path.isdir(temporary):

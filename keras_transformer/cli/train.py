@@ -130,7 +130,7 @@ def where_it_resumes(out, step=None):
     last checkpoint, or anew."""
     from keras_transformer import runs
 
-    saved = runs.Run(out).checkpoints.list() if os.path.isdir(out) else []
+    saved = runs.Run(out).checkpoints.list()
     if not saved:
         return f"No checkpoint was written; the same command starts {out} again."
     if saved[-1][0] == step:
