@@ -98,7 +98,7 @@ def model(tokenizer):
 
 @pytest.fixture(scope="module")
 def translator(model, tokenizer):
-    """The serving and export tests' Translator (beams 1, 2 and 4)."""
+    """The serving and export tests' Translator (beams 1 and 4)."""
     from tests.translation_fixtures import make_translator
 
     return make_translator(model, tokenizer)

@@ -111,7 +111,7 @@ def test_export_layout_and_config(export_path):
     with open(os.path.join(export_path, "assets.extra", "config.json")) as f:
         config = json.load(f)
     assert config["translator"]["beam_size"] == 4 and config["translator"]["alpha"] == 0.6
-    assert config["translator"]["beam_sizes"] == [1, 2, 4]
+    assert config["translator"]["beam_sizes"] == [1, 4]
     assert config["model"]["d_model"] == 32 and config["run"] == {"note": "test"}
     assert saved_model.next_version(os.path.dirname(export_path)) == 2
 
@@ -148,9 +148,9 @@ def test_reloaded_signatures_answer_bad_input(export_path, translator):
     empty = loaded.signatures["serving_default"](text=tf.constant([], tf.string))
     assert empty["translation"].shape == (0,)
     # The restored functions apply the defaults; the signatures take every input.
-    nbest = loaded.translate_nbest(texts[:2], beam_size=tf.constant(2))
-    expected = translator.translate_nbest(texts[:2], beam_size=tf.constant(2))
-    assert nbest["translations"].shape == (2, 2)
+    nbest = loaded.translate_nbest(texts[:2], beam_size=tf.constant(1))
+    expected = translator.translate_nbest(texts[:2], beam_size=tf.constant(1))
+    assert nbest["translations"].shape == (2, 1)
     assert _strings(nbest["translations"]) == _strings(expected["translations"])
     np.testing.assert_allclose(nbest["scores"], expected["scores"], atol=1e-5)
     ids = loaded.signatures["translate_ids"](
