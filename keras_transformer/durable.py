@@ -84,14 +84,18 @@ def _close_hdf5_files(path):
 FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-def full_disk_error(error, path):
-    """`error` (TensorFlow's for a file write: a `ResourceExhaustedError` that
-    ends "; No space left on device") as the system's `OSError`, naming `path`;
+def full_disk_error(error, path=None):
+    """`error` (TensorFlow's for a file write: a `ResourceExhaustedError` whose
+    message says "{{function_node NAME}} PATH; No space left on device") as the
+    system's `OSError`, naming `path`, or by default the file the message names;
     None where it does not say the disk is full (a `ResourceExhaustedError` is
     also how TensorFlow runs out of memory)."""
+    message = str(error)
     for number in FULL:
-        if os.strerror(number) in str(error):
-            return OSError(number, os.strerror(number), path)
+        words = os.strerror(number)
+        if words in message:
+            named = re.search(r"([^\s{}][^\n{}]*?); " + re.escape(words), message)
+            return OSError(number, words, path or (named and named.group(1)))
     return None
 
 

@@ -232,6 +232,46 @@ def test_a_full_disk_keeps_the_output_file_that_was_there_and_says_so(
         assert sorted(os.listdir(tmp_path)) == ["out.txt", "source.txt"]
 
 
+def test_export_on_a_full_disk_says_what_it_wrote(run_dir, tmp_path, monkeypatch, capsys):
+    """A disk that fills under the SavedModel: one line, nothing exported (exit 1).
+    One that fills under TF Serving's files, after the version is whole: the line
+    says the version was written and which file was not."""
+    from keras_transformer import saved_model
+    from keras_transformer.cli import export
+
+    for name in ("TF_ENABLE_ONEDNN_OPTS", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"):
+        monkeypatch.setenv(name, os.environ.get(name, "1"))
+    flags = ["--run", str(run_dir), "--beam-sizes", "1", "--beam-size", "1", "--jit-compile",
+             "off", "--no-check", "--verbose"]
+    out = tmp_path / "exports"
+
+    def full_under_the_saved_model(obj, path, signatures=None):
+        raise tf.errors.ResourceExhaustedError(
+            None, None, f"{path}/saved_model.pb.tmp3b2; No space left on device")
+
+    with monkeypatch.context() as patches:
+        patches.setattr(tf.saved_model, "save", full_under_the_saved_model)
+        capsys.readouterr()
+        assert export.main([*flags, "--out", str(out)]) == 1
+    assert capsys.readouterr().err == (
+        f"keras-transformer export: No space left on device: {out / '1'}; free some space. "
+        "Nothing was exported.\n")
+    assert not out.exists() or os.listdir(out) == []
+
+    def full_under_the_server_files(export_dir, *args, **kwargs):
+        path = os.path.join(export_dir, saved_model.MODELS_CONFIG_FILENAME)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    monkeypatch.setattr(saved_model, "write_model_server_files", full_under_the_server_files)
+    assert export.main([*flags, "--out", str(out)]) == 1
+    assert capsys.readouterr().err == (
+        f"keras-transformer export: wrote {out / '1'}, but not TF Serving's files beside it: "
+        f"No space left on device: {out / saved_model.MODELS_CONFIG_FILENAME}; free some "
+        "space.\n")
+    assert sorted(os.listdir(out / "1")) == ["assets", "assets.extra", "fingerprint.pb",
+                                             "saved_model.pb", "variables"]
+
+
 def test_evaluate_scores_the_reference_column_and_writes_the_output(
         run_dir, run_translators, tmp_path, monkeypatch, capsys):
     """evaluate --src/--ref and --test FILE.tsv: the BLEU printed is sacreBLEU's of

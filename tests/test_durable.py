@@ -38,6 +38,27 @@ def test_a_file_is_whole_or_absent_and_temporaries_carry_the_pid(tmp_path):
     assert os.listdir(tmp_path / "vocab") == ["file"]
 
 
+# TensorFlow 2.21's error when TensorBoard's writer flushes onto a full disk.
+_FLUSH_ON_A_FULL_DISK = (
+    "{{function_node __wrapped__FlushSummaryWriter_device_/job:localhost/replica:0/task:0/"
+    "device:CPU:0}} /runs/a b/logs/validation/events.out.tfevents.1.v2; No space left on "
+    "device\n\tFailed to flush 4 events to /runs/a b/logs/validation/events.out.tfevents.1.v2"
+    "\n\tCould not flush events file. [Op:FlushSummaryWriter] name: ")
+
+
+def test_tensorflows_full_disk_error_names_the_file_it_failed_on():
+    import tensorflow as tf
+
+    error = durable.full_disk_error(tf.errors.ResourceExhaustedError(
+        None, None, _FLUSH_ON_A_FULL_DISK))
+    assert (error.errno, error.strerror) == (errno.ENOSPC, "No space left on device")
+    assert error.filename == "/runs/a b/logs/validation/events.out.tfevents.1.v2"
+    assert durable.full_disk_error(_FLUSH_ON_A_FULL_DISK, "/export/1").filename == "/export/1"
+    quota = durable.full_disk_error("x.pb; " + os.strerror(errno.EDQUOT))
+    assert (quota.errno, quota.filename) == (errno.EDQUOT, "x.pb")
+    assert durable.full_disk_error("OOM when allocating tensor with shape[4096,4096]") is None
+
+
 def test_a_full_disk_is_named_and_the_file_keras_left_open_is_closed(tmp_path, monkeypatch):
     """Keras's save_weights leaves its HDF5 file open when a write fails (a full
     disk): h5py would flush it as the process ends, fail again and crash the

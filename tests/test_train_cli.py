@@ -400,6 +400,47 @@ def test_a_full_disk_stops_the_run_in_two_lines_at_its_last_whole_checkpoint(tmp
     assert [step for step, _ in runs.Checkpoints(os.path.dirname(checkpoint)).list()] == [2]
 
 
+# train.py on a disk that fills as TensorBoard's writer flushes the events of the
+# 2nd checkpoint interval (steps 3 and 4): TensorFlow's error, as on a full disk.
+_EVENTS_DISK_FULL_AT_STEP_4 = """
+import os, runpy, sys
+from keras_transformer.cli.common import quiet_libraries
+quiet_libraries()  # as train.py does before TensorFlow starts, for a clean stderr
+import keras, tensorflow as tf
+on_epoch_end = keras.callbacks.TensorBoard.on_epoch_end
+def fills_the_disk(self, epoch, logs=None):
+    if epoch == 1:
+        path = os.path.join(self.log_dir, "validation", "events.out.tfevents.1.v2")
+        raise tf.errors.ResourceExhaustedError(None, None, (
+            "{{function_node __wrapped__FlushSummaryWriter_device_/job:localhost/replica:0/"
+            f"task:0/device:CPU:0}}}} {path}; No space left on device\\n\\tFailed to flush 4 "
+            f"events to {path}\\n\\tCould not flush events file. [Op:FlushSummaryWriter] name: "))
+    return on_epoch_end(self, epoch, logs)
+keras.callbacks.TensorBoard.on_epoch_end = fills_the_disk
+sys.argv = ["train.py", *sys.argv[1:]]
+sys.exit(runpy.run_path(os.path.join(os.environ["ROOT"], "train.py"), run_name="__main__"))
+"""
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_tensorboards_events_stops_the_run_in_two_lines(tmp_path):
+    """TensorFlow's own writes fail on a full disk with a `ResourceExhaustedError`,
+    not an `OSError`: the same two lines, naming the events file (a traceback before)."""
+    run = str(tmp_path / "run")
+    full = subprocess.run(
+        [sys.executable, "-c", _EVENTS_DISK_FULL_AT_STEP_4, *QUICK, "--out", run],
+        env=dict(os.environ, PYTHONPATH=python_path(ROOT), ROOT=ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
+        capture_output=True, text=True, timeout=900)
+    events = os.path.join(run, "logs", "validation", "events.out.tfevents.1.v2")
+    assert full.returncode == 1, full.stderr
+    saved = [step for step, _ in runs.Checkpoints(os.path.join(run, "checkpoints")).list()]
+    assert saved and saved[-1] in (2, 4)
+    assert full.stderr.splitlines() == [
+        f"train.py: No space left on device: {events}; free some space.",
+        f"train.py: stopped. The same command resumes {run} from its last checkpoint, "
+        f"step {saved[-1]}."]
+
+
 def test_sigterm_before_training_says_where_the_run_resumes_and_releases_its_lock(tmp_path):
     run = str(tmp_path / "run")
     process = subprocess.Popen(

@@ -125,7 +125,6 @@ def main(argv=None, prog=PROG):
             translator, args.out, args.version, config=run_config, warmup_texts=warmup,
             check=not args.no_check,
         )
-        server_files = saved_model.write_model_server_files(args.out, translator, args.model_name)
     except (ValueError, FileNotFoundError) as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
@@ -134,6 +133,12 @@ def main(argv=None, prog=PROG):
         return 1
     except OSError as error:  # a full disk, say
         print(f"{prog}: {os_error_line(error)} Nothing was exported.", file=sys.stderr)
+        return 1
+    try:
+        server_files = saved_model.write_model_server_files(args.out, translator, args.model_name)
+    except OSError as error:  # the version is whole: say so
+        print(f"{prog}: wrote {path}, but not TF Serving's files beside it: "
+              f"{os_error_line(error)}", file=sys.stderr)
         return 1
     checked = "" if args.no_check else ", checked in a separate process"
     print(f"{prog}: wrote {path}{checked}")

@@ -91,6 +91,9 @@ def main(argv=None, prog=PROG):
     args, fields, model_overrides, explicit = parse_args(argv, prog)
     use_compilation_cache(args.compilation_cache)  # read when TensorFlow starts
     use_xla_gpu_flags()
+    import tensorflow as tf
+
+    from keras_transformer.durable import full_disk_error
     from keras_transformer.training import StoppedBySignal
 
     # SIGTERM outside training (while compiling, say) as Ctrl-C: a sentence, and
@@ -106,7 +109,13 @@ def main(argv=None, prog=PROG):
     except KeyboardInterrupt as stopped:  # a sentence, not TensorFlow's stack
         print(file=sys.stderr)
         return stopped_by(getattr(stopped, "signal", signal.SIGINT), args.out, prog)
-    except OSError as error:  # a full disk, say: what failed, and where the run resumes
+    except (OSError, tf.errors.ResourceExhaustedError) as error:
+        # A full disk, say, under our writes or TensorFlow's (TensorBoard's
+        # events): what failed, and where the run resumes.
+        if isinstance(error, tf.errors.ResourceExhaustedError):
+            error = full_disk_error(error)
+            if error is None:  # out of memory
+                raise
         print(f"{prog}: {os_error_line(error)}\n{prog}: stopped. {where_it_resumes(args.out)}",
               file=sys.stderr)
         return 1
