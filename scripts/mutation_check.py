@@ -237,6 +237,17 @@ MUTANTS = [
            "self.checkpoints.remove(path)", "pass",
            ["tests/test_training.py::"
             "test_a_checkpoint_that_finds_the_disk_full_leaves_nothing_of_its_own"]),
+    # TensorFlow's full-disk error: the file it names lost from the message.
+    mutant("full-disk-file-unnamed", "keras_transformer/durable.py",
+           "return OSError(number, words, path or (named and named.group(1)))",
+           "return OSError(number, words, path)",
+           ["tests/test_durable.py::"
+            "test_tensorflows_full_disk_error_names_the_file_it_failed_on"]),
+    # export: a version written whole, said to be "Nothing was exported".
+    mutant("export-server-files-unsaid", "keras_transformer/cli/export.py",
+           'print(f"{prog}: wrote {path}, but not TF Serving\'s files beside it: "',
+           'print(f"{prog}: Nothing was exported: "',
+           ["tests/test_cli.py::test_export_on_a_full_disk_says_what_it_wrote"]),
 ]
 
 
