@@ -44,7 +44,7 @@ def length_penalty(length, alpha):
 
 class BeamSettings(collections.namedtuple("BeamSettings", [
         "vocab_size", "beam_size", "num_candidates", "block_size", "max_output_length",
-        "columns", "eos_id", "alpha", "no_repeat_ngram_size", "ignore_eos",
+        "columns", "eos_id", "alpha", "no_repeat_ngram_size", "word_starts", "ignore_eos",
         "allow_empty", "reorder_cache"])):
     """What every step of a beam search uses: V, K, C, the block size of
     `beam_candidates.best_extensions`, T, the columns `(T + 1,)` of the id
@@ -153,9 +153,17 @@ def extend(search, symbols_to_logits_fn, state):
         return beam_candidates.best_extensions(
             logits, state.alive_log_probs, search.num_candidates, search.block_size, mask)
 
+    adjacent = None  # the tokens that would repeat a run of words right after itself
+    if search.word_starts is not None:
+        adjacent = beam_candidates.adjacent_repeat_mask(
+            flat_ids, state.step, search.word_starts, vocab_size)  # (B * K, V)
+
+    def blocking():
+        mask = beam_candidates.repeated_ngram_mask(flat_ids, state.step, size, vocab_size)
+        return candidates(mask if adjacent is None else mask + adjacent)
+
     candidate_log_probs, flat_indices = beam_candidates.if_blocking(
-        size, lambda: candidates(beam_candidates.repeated_ngram_mask(
-            flat_ids, state.step, size, vocab_size)), candidates)  # (B, C), (B, C)
+        size, blocking, lambda: candidates(adjacent))  # (B, C), (B, C)
     parents = flat_indices // vocab_size  # (B, C) beam each extends
     tokens = flat_indices % vocab_size  # (B, C)
     length = state.step + 1  # of every candidate

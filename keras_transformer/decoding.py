@@ -189,6 +189,7 @@ def beam_search(
     max_output_lengths=None,
     padding_id=0,
     no_repeat_ngram_size=0,
+    block_adjacent_repeats=None,
     ignore_eos=False,
     allow_empty=False,
     reorder_cache=None,
@@ -237,6 +238,11 @@ def beam_search(
             repeat one of its n-grams (of generated tokens;
             `beam_candidates.repeated_ngram_mask`): the remedy of CTranslate2
             and fairseq for a weak model's loops. 0 (the paper): none blocked.
+        block_adjacent_repeats: None (the paper: none blocked), or bool `(V,)`,
+            which tokens start a word: then no hypothesis is extended by a
+            token that repeats, right after itself, a run of 1 to 8 of its
+            tokens that starts a word ("panes panes", "fuera de fuera de";
+            `beam_candidates.adjacent_repeat_mask`).
         ignore_eos: if True, the end-of-sequence token does not finish a
             hypothesis and the loop runs exactly `max_output_length` steps (no early
             stop): for benchmarks with random weights.
@@ -281,6 +287,8 @@ def beam_search(
         block_size=beam_candidates.block_size(vocab_size, num_candidates),
         max_output_length=max_output_length, columns=tf.range(max_output_length + 1),
         eos_id=eos_id, alpha=alpha, no_repeat_ngram_size=no_repeat_ngram_size,
+        word_starts=(None if block_adjacent_repeats is None
+                     else tf.convert_to_tensor(block_adjacent_repeats, tf.bool)),
         ignore_eos=ignore_eos, allow_empty=allow_empty, reorder_cache=reorder_cache)
     state = beam_steps.initial_state(search, initial_ids, initial_cache, max_output_lengths,
                                      padding_id)

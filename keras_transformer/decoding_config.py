@@ -86,6 +86,12 @@ class DecodingConfig:
             in a row that it already holds, a briefly trained model's loops
             (as CTranslate2's and fairseq's option of that name); 0, the
             paper's search, blocks nothing.
+        block_adjacent_repeats: no translation repeats a run of 1 to 8 subword
+            pieces that starts a word right after itself ("panes panes",
+            "fuera de fuera de": a briefly trained model's stammer, in none of
+            the bundled corpus's references); a name's repeated piece inside a
+            word is left alone. Needs the tokenizer (not --ids-only). False,
+            the paper's search, blocks nothing.
         beam_sizes: beam sizes callers may ask for (one program each).
         max_input_length: longer inputs are truncated (default: the model's
             max_positions).
@@ -132,6 +138,7 @@ class DecodingConfig:
     alpha: float = PAPER_ALPHA
     extra_length: int = PAPER_EXTRA_LENGTH
     no_repeat_ngram_size: int = 0
+    block_adjacent_repeats: bool = False
     beam_sizes: tuple = dataclasses.field(
         default=DEFAULT_BEAM_SIZES, metadata={"parse": comma_separated_ints})
     max_input_length: int | None = None
@@ -168,6 +175,8 @@ class DecodingConfig:
                  isinstance(self.no_repeat_ngram_size, int)
                  and not isinstance(self.no_repeat_ngram_size, bool)
                  and self.no_repeat_ngram_size >= 0, "must be an int >= 0 (0 blocks nothing)")
+        _require("block_adjacent_repeats", self.block_adjacent_repeats,
+                 isinstance(self.block_adjacent_repeats, bool), "must be True or False")
         for name in ("max_input_length", "max_output_length", "xla_max_batch_size",
                      "parallel_searches"):
             if getattr(self, name) is not None:

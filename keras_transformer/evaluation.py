@@ -187,7 +187,7 @@ ALPHAS = (PAPER_ALPHA, 0.8, 1.0, 1.2)
 
 
 def choose_decoding(translator_or_export, pairs, block=BLOCKED_NGRAM_SIZE, alphas=ALPHAS,
-                    batch_size=DEFAULT_BATCH_SIZE, *, limit=None):
+                    batch_size=DEFAULT_BATCH_SIZE, *, limit=None, blocking=None):
     """The request settings that translate `pairs` (dev pairs) best, as the
     paper chose its length penalty (Sec. 6.1: "These hyperparameters were chosen
     after experimentation on the development set").
@@ -210,10 +210,15 @@ def choose_decoding(translator_or_export, pairs, block=BLOCKED_NGRAM_SIZE, alpha
         pairs, limit: as for `evaluate`.
         block: the `no_repeat_ngram_size` tried; 0 chooses alpha only.
         alphas: increasing length penalties, the first the default.
+        blocking: None, or a translator of the same model that also blocks
+            runs of words repeated right after themselves
+            (`DecodingConfig.block_adjacent_repeats`): the searches that block
+            (n > 0) run on it, the paper's on `translator_or_export`.
 
     Returns:
-        `(settings, scores)`: `{"no_repeat_ngram_size": n, "alpha": a}` chosen,
-        and `{(n, a): sacreBLEU}` for each pair tried, in the order tried.
+        `(settings, scores)`: `{"no_repeat_ngram_size": n, "alpha": a}` chosen
+        (with `"block_adjacent_repeats": True` where `blocking`'s searches
+        won), and `{(n, a): sacreBLEU}` for each pair tried, in the order tried.
     """
     if not alphas or list(alphas) != sorted(alphas):
         raise ValueError(f"choose_decoding needs increasing alphas. Received: alphas={alphas!r}")
@@ -223,7 +228,8 @@ def choose_decoding(translator_or_export, pairs, block=BLOCKED_NGRAM_SIZE, alpha
     scores = {}
 
     def score(size, alpha):
-        hypotheses = translate_sentences(translator_or_export, sources, batch_size,
+        translator = blocking if size and blocking is not None else translator_or_export
+        hypotheses = translate_sentences(translator, sources, batch_size,
                                          alpha=alpha, no_repeat_ngram_size=size)
         scores[size, alpha] = bleu_scores(hypotheses, references)["bleu"]
         return scores[size, alpha]
@@ -235,7 +241,10 @@ def choose_decoding(translator_or_export, pairs, block=BLOCKED_NGRAM_SIZE, alpha
             break
     alpha = _first_best(by_alpha)
     blocks = block > 0 and by_alpha[alpha] > score(0, alpha)
-    return {"no_repeat_ngram_size": block if blocks else 0, "alpha": alpha}, scores
+    settings = {"no_repeat_ngram_size": block if blocks else 0, "alpha": alpha}
+    if blocks and blocking is not None:
+        settings["block_adjacent_repeats"] = True
+    return settings, scores
 
 
 def _first_best(scores):

@@ -8,8 +8,9 @@
                               ckpt-<step>.clock.json (the time the run had spent)
     RUN/logs/, RUN/log.csv    TensorBoard and CSV logs, one row per checkpoint
     RUN/averaged.weights.h5   the average of the last checkpoints (Sec. 6.1)
-    RUN/decoding.json         the request settings chosen on dev pairs when training
-                              ended: {"alpha", "no_repeat_ngram_size", "sentences",
+    RUN/decoding.json         the decoding chosen on dev pairs when training ended:
+                              {"alpha", "no_repeat_ngram_size", "block_adjacent_repeats"
+                              (if true), "sentences",
                               "tried": [{"alpha", "no_repeat_ngram_size", "bleu"}]}
     RUN/model.keras           the final model, compiled, with its optimizer
     RUN/.lock                 names the trainer writing the run (`durable.RunLock`)
@@ -191,9 +192,10 @@ class Run:
         _write_json(self.decoding_path, values)
 
     def decoding_settings(self):
-        """The request settings this run chose for its translations
-        (`{"alpha": 1.0, "no_repeat_ngram_size": 4}`; a run of 2026-11-26 chose
-        alpha only), or `{}` for the paper's."""
+        """The decoding settings this run chose for its translations
+        (`{"alpha": 1.0, "no_repeat_ngram_size": 4, "block_adjacent_repeats":
+        True}`; a run of 2026-11-26 chose alpha only, runs before 2026-11-29 no
+        `block_adjacent_repeats`), or `{}` for the paper's."""
         if not os.path.exists(self.decoding_path):
             return {}
         with open(self.decoding_path) as f:
@@ -205,9 +207,15 @@ class Run:
                              "\"no_repeat_ngram_size\" >= 0, if any); remove the file to "
                              "translate with the paper's decoding (alpha 0.6, no n-gram "
                              "blocked)")
+        adjacent = values.get("block_adjacent_repeats", False)
+        if not isinstance(adjacent, bool):
+            raise ValueError(f"{self.decoding_path}: \"block_adjacent_repeats\" must be true "
+                             "or false; remove the file to translate with the paper's decoding")
         settings = {"alpha": float(values["alpha"])}
         if size:
             settings["no_repeat_ngram_size"] = size
+        if adjacent:
+            settings["block_adjacent_repeats"] = True
         return settings
 
     # The vocabulary -------------------------------------------------------

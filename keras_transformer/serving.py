@@ -150,8 +150,12 @@ class Translator(tf.Module):
         self.output_bias = (tf.Variable(tf.zeros([model.config.vocab_size], dtype),
                                         trainable=False)
                             if dtype in ("bfloat16", "float16") else None)
+        # Which pieces start a word, for blocking a run of words repeated right after itself.
+        word_starts = (tf.strings.regex_full_match(
+            tokenizer.id_to_token(tf.range(model.config.vocab_size)), "\u2581.*")
+            if config.block_adjacent_repeats else None)
         self.search = serving_search.BeamSearches(model, config, self.output_kernel,
-                                                  self.output_bias, self.shapes)
+                                                  self.output_bias, self.shapes, word_starts)
 
         # No autograph: the loops are explicit tf.while_loops, and converting
         # the model's Python code costs most of the tracing time.
@@ -338,6 +342,9 @@ def _decoding_config(config, settings):
 def _for_model(config, model_config, tokenizer):
     """`config` resolved for this machine (`DecodingConfig.resolved`) and for the
     model: its max lengths and precision set, checked against the model's."""
+    if config.block_adjacent_repeats and tokenizer is None:
+        raise ValueError("Translator: block_adjacent_repeats needs the tokenizer, which says "
+                         "which pieces start a word; an ids-only translator cannot block them")
     if tokenizer is not None and tokenizer.vocab_size != model_config.vocab_size:
         raise ValueError(
             f"Translator: the tokenizer has {tokenizer.vocab_size} ids but the model "

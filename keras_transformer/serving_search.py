@@ -31,12 +31,16 @@ class BeamSearches:
         output_bias: None, or zeros `(V,)` for the logits' product, a variable
             the translator keeps (`Transformer.decode`).
         shapes: the translator's `serving_shapes.RequestShapes`.
+        word_starts: None, or bool `(V,)`, which pieces start a word, to block
+            runs of words repeated right after themselves
+            (`DecodingConfig.block_adjacent_repeats`).
     """
 
-    def __init__(self, model, config, output_kernel, output_bias, shapes):
+    def __init__(self, model, config, output_kernel, output_bias, shapes, word_starts=None):
         self.model = model
         self.config = config
         self.shapes = shapes
+        self.word_starts = word_starts
         modes = {False, True} if shapes.xla_small_requests_only else {shapes.xla}
         # [graph, XLA] searches, one per beam size.
         self.traced = [[self._traced(k, xla, output_kernel, output_bias)
@@ -124,6 +128,7 @@ class BeamSearches:
                     max_output_lengths=output_limits,
                     padding_id=PAD_ID,
                     no_repeat_ngram_size=size,
+                    block_adjacent_repeats=self.word_starts,
                     ignore_eos=config.ignore_eos,
                     reorder_cache=model.reorder_cache,
                     # Finished sources leave the batch; XLA's shapes cannot change.

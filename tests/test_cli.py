@@ -454,9 +454,10 @@ def test_export_flags_land_where_they_act(run_dir, tokenizer, tmp_path, monkeypa
 
 def test_export_takes_the_decoding_the_run_chose_unless_told(run_dir, tmp_path, monkeypatch,
                                                           capsys):
-    """The length penalty and n-gram blocking train chose on dev pairs (the
-    run's decoding.json) are the export's defaults for requests; --alpha and
-    --no-repeat-ngram-size win over them, each on its own."""
+    """The length penalty and blocking train chose on dev pairs (the run's
+    decoding.json) are the export's defaults; --alpha, --no-repeat-ngram-size
+    and --[no-]block-adjacent-repeats win over them, each on its own; an
+    --ids-only export, which cannot tell words, says it leaves that one out."""
     import shutil
 
     from keras_transformer import runs
@@ -465,24 +466,33 @@ def test_export_takes_the_decoding_the_run_chose_unless_told(run_dir, tmp_path, 
 
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
-    runs.Run(run).write_decoding({"alpha": 1.0, "no_repeat_ngram_size": 4},
+    runs.Run(run).write_decoding({"alpha": 1.0, "no_repeat_ngram_size": 4,
+                                  "block_adjacent_repeats": True},
                                  {(4, 0.6): 20.0, (0, 0.6): 19.0, (4, 0.8): 21.0,
                                   (4, 1.0): 21.5, (4, 1.2): 19.0}, 300)
     exported = []
 
     def export_translator(translator, out, *args, **kwargs):  # no search traced
-        exported.append((translator.config.alpha, translator.config.no_repeat_ngram_size))
+        config = translator.config
+        exported.append((config.alpha, config.no_repeat_ngram_size,
+                         config.block_adjacent_repeats))
         return os.path.join(out, "1")
 
     monkeypatch.setattr(saved_model, "export_translator", export_translator)
     monkeypatch.setattr(saved_model, "write_model_server_files",
                         lambda out, *args: [os.path.join(out, name)
                                             for name in ("models.config", "batching")])
+    outputs = []
     for flags in ((), ("--alpha", "0.7"), ("--no-repeat-ngram-size", "0"),
-                  ("--alpha", "0.7", "--no-repeat-ngram-size", "3")):
-        _main(export, monkeypatch, capsys, "--run", run, "--out", tmp_path / "out",
-              "--beam-sizes", "1", "--beam-size", "1", "--jit-compile", "off", *flags)
-    assert exported == [(1.0, 4), (0.7, 4), (1.0, 0), (0.7, 3)]
+                  ("--alpha", "0.7", "--no-repeat-ngram-size", "3"),
+                  ("--no-block-adjacent-repeats",), ("--ids-only",)):
+        outputs.append(_main(export, monkeypatch, capsys, "--run", run, "--out",
+                             tmp_path / "out", "--beam-sizes", "1", "--beam-size", "1",
+                             "--jit-compile", "off", *flags))
+    assert exported == [(1.0, 4, True), (0.7, 4, True), (1.0, 0, True), (0.7, 3, True),
+                        (1.0, 4, False), (1.0, 4, False)]
+    assert "an --ids-only export cannot" in outputs[-1]
+    assert not any("--ids-only" in output for output in outputs[:-1])
 
 
 def test_evaluate_reads_corpora_as_train_does(tmp_path):

@@ -292,14 +292,16 @@ class _PrefixModel:
         return {"source": tf.constant(self.source)}
 
     def exhaustive_search(self, example, start_id, max_output_length, alpha, ignore_eos=False,
-                          no_repeat_ngram_size=0, allow_empty=False):
+                          no_repeat_ngram_size=0, allow_empty=False, word_starts=None):
         """Every complete hypothesis with its score, best first (the slow twin).
 
         A hypothesis is complete when it ends in eos (unless ignore_eos) or has
         max_output_length tokens; its score is log P / lp(|Y|), |Y| counting eos.
         With `no_repeat_ngram_size` n, a hypothesis whose generated tokens hold
         an n-gram twice is not one (the others keep their probabilities);
-        unless `allow_empty`, neither is [eos]. Float64 throughout.
+        unless `allow_empty`, neither is [eos]; with `word_starts`, neither is
+        one that repeats a run starting a word right after itself. Float64
+        throughout.
         """
         complete = []
 
@@ -313,6 +315,8 @@ class _PrefixModel:
                     continue
                 output = prefix[1:] + [token]
                 if _repeats_an_ngram(output, no_repeat_ngram_size):
+                    continue
+                if word_starts is not None and _repeats_adjacently(output, word_starts):
                     continue
                 if output == [_R_EOS] and not (allow_empty or ignore_eos):
                     continue
@@ -331,6 +335,13 @@ def _repeats_an_ngram(tokens, size):
     """Whether the last n-gram of `tokens` came before (size 0: never)."""
     grams = [tuple(tokens[i:i + size]) for i in range(len(tokens) - size + 1)]
     return size > 0 and bool(grams) and grams[-1] in grams[:-1]
+
+
+def _repeats_adjacently(tokens, word_starts, longest=8):
+    """Whether `tokens` end in a run of 1 to `longest` tokens, repeated right after
+    itself, whose first token starts a word (`word_starts[token]`)."""
+    return any(tokens[-m:] == tokens[-2 * m:-m] and word_starts[tokens[-2 * m]]
+               for m in range(1, min(longest, len(tokens) // 2) + 1))
 
 
 def _select_tiled(beam_size):
@@ -391,6 +402,32 @@ class TestExhaustive:
         assert all([_R_EOS] in [output for _, output in model.exhaustive_search(
             b, start, limit, alpha, allow_empty=True)[:beam_size]]
             for b, (start, limit) in enumerate(zip(starts, limits)))
+
+    @pytest.mark.parametrize("size", [0, 2])
+    def test_beam_blocking_adjacent_repeats_equals_exhaustive_search(self, size):
+        """a starts a word, b does not: "a a" and "a b a b" are blocked, "b b"
+        and "b a b a" are not; with 2-grams blocked too, both apply."""
+        model = _PrefixModel(seed=3, batch_size=3)
+        word_starts = [False, False, True, False]  # pad, eos, a, b
+        starts, limits, beam_size = [_R_A, _R_B, _R_A], [4, 4, 3], 12
+        ids, scores = _numpy(decoding.beam_search(
+            model.cached_fn(check_path=True), tf.constant(starts), model.cached_state(),
+            vocab_size=_VOCAB, max_output_length=_MAX_LENGTH, eos_id=_R_EOS,
+            beam_size=beam_size, alpha=0.6, max_output_lengths=tf.constant(limits),
+            no_repeat_ngram_size=size, block_adjacent_repeats=word_starts))
+        blocked_any = False
+        for b, (start, limit) in enumerate(zip(starts, limits)):
+            expected = model.exhaustive_search(b, start, limit, 0.6, no_repeat_ngram_size=size,
+                                               word_starts=word_starts)[:beam_size]
+            unblocked = model.exhaustive_search(b, start, limit, 0.6,
+                                                no_repeat_ngram_size=size)[:beam_size]
+            blocked_any |= expected != unblocked
+            found = len(expected)
+            np.testing.assert_allclose(scores[b, :found], [s for s, _ in expected], rtol=1e-5)
+            np.testing.assert_array_equal(
+                ids[b, :found], [_pad(output, _MAX_LENGTH) for _, output in expected])
+            np.testing.assert_array_equal(scores[b, found:], -np.inf)
+        assert blocked_any
 
     @pytest.mark.parametrize("beam_size", [1, 4])
     def test_an_empty_output_is_left_out_even_at_a_limit_of_one_token(self, beam_size):
@@ -556,6 +593,34 @@ class TestRepeatedNgramMask:
                     for token in range(vocab)]
                 np.testing.assert_array_equal(mask[row], expected, err_msg=f"{step=} {row=}")
         assert np.isinf(mask).any() and (mask == 0).any()
+
+
+class TestAdjacentRepeatMask:
+    def test_equals_looking_back_over_each_hypothesis(self):
+        """Random buffers of few tokens (many runs repeated back to back) and a
+        random table of word starts, at every step: the tokens blocked are those
+        that end a run starting a word, repeated right after itself."""
+        rng = np.random.default_rng(0)
+        rows, columns, vocab = 9, 18, 5
+        blocked = 0
+        for trial in range(4):
+            word_starts = rng.random(vocab) < 0.6
+            ids = rng.integers(0, 2 + trial % 2, size=(rows, columns)).astype("int32")
+            ids[:, 0] = 4
+            for step in range(columns):
+                buffer = ids.copy()
+                buffer[:, step + 1:] = 0  # padding after the last written column
+                mask = beam_candidates.adjacent_repeat_mask(
+                    tf.constant(buffer), tf.constant(step), tf.constant(word_starts),
+                    vocab).numpy()
+                for row in range(rows):
+                    generated = list(buffer[row, 1:step + 1])
+                    expected = [-np.inf if _repeats_adjacently(generated + [token], word_starts)
+                                else 0.0 for token in range(vocab)]
+                    np.testing.assert_array_equal(mask[row], expected,
+                                                  err_msg=f"{trial=} {step=} {row=}")
+                blocked += np.isinf(mask).sum()
+        assert blocked > 100
 
 
 class TestLeavingTheBatch:

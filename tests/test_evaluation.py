@@ -252,6 +252,22 @@ def test_choose_decoding_takes_the_best_alpha_then_blocks_where_that_scores_high
             [h.decode() for h in hypotheses.numpy()], [[t for _, t in pairs]]).score)
 
 
+@pytest.mark.parametrize("effect, chosen", [
+    ("mends", {"no_repeat_ngram_size": 4, "alpha": 1.0, "block_adjacent_repeats": True}),
+    ("hurts", {"no_repeat_ngram_size": 0, "alpha": 1.0})])
+def test_choose_decoding_blocks_on_the_blocking_translator(effect, chosen):
+    """With `blocking` (the translator that also blocks words repeated back to
+    back), the searches that block run on it and the paper's on the other; where
+    blocking wins, the settings say so."""
+    pairs = _pairs()
+    plain = LengthByAlpha(dict(pairs), 1.0, effect)
+    blocking = LengthByAlpha(dict(pairs), 1.0, effect)
+    settings, scores = evaluation.choose_decoding(plain, pairs, blocking=blocking)
+    assert settings == chosen
+    assert blocking.requests == [(4, 0.6), (4, 0.8), (4, 1.0), (4, 1.2)]
+    assert plain.requests == [(0, 1.0)]
+
+
 def test_choose_decoding_keeps_the_first_on_a_tie_and_checks_its_arguments():
     pairs = list(zip(SENTENCES, SENTENCES))
     same = LengthByAlpha(dict(pairs), best=0.1)  # every setting translates alike
@@ -286,6 +302,12 @@ def test_load_translator_from_a_run_and_errors(tmp_path, tokenizer):
     told = loading.load_translator(run=run, beam_sizes=(4,), alpha=0.8,
                                    no_repeat_ngram_size=0).config
     assert (told.alpha, told.no_repeat_ngram_size) == (0.8, 0)
+    assert not chosen.block_adjacent_repeats  # a run of before 2026-11-29
+    runs.Run(run).write_decoding({"alpha": 1.2, "no_repeat_ngram_size": 4,
+                                  "block_adjacent_repeats": True}, {(4, 1.2): 12.5}, 300)
+    assert runs.Run(run).decoding_settings() == {
+        "alpha": 1.2, "no_repeat_ngram_size": 4, "block_adjacent_repeats": True}
+    assert loading.translator_from_run(run, beam_sizes=(4,)).config.block_adjacent_repeats
     with open(runs.Run(run).decoding_path, "w") as f:  # a run of 2026-11-26: alpha only
         f.write('{"alpha": 1.0, "dev_bleu": {"0.6": 10.0, "1": 11.0}, "sentences": 300}')
     old = loading.load_translator(run=run, beam_sizes=(4,)).config
@@ -298,6 +320,10 @@ def test_load_translator_from_a_run_and_errors(tmp_path, tokenizer):
             f.write(bad)
         with pytest.raises(ValueError, match="decoding.json needs a number \"alpha\".*remove"):
             loading.load_translator(run=run)
+    with open(runs.Run(run).decoding_path, "w") as f:
+        f.write('{"alpha": 1.0, "block_adjacent_repeats": "yes"}')
+    with pytest.raises(ValueError, match="\"block_adjacent_repeats\" must be true or false"):
+        loading.load_translator(run=run)
     configured = loading.translator_from_run(run, "final", DecodingConfig(beam_sizes=(1,),
                                                                           beam_size=1))
     assert configured.config.beam_sizes == (1,)

@@ -271,6 +271,44 @@ def test_a_request_may_block_repeated_ngrams(translator, tokenizer):
     np.testing.assert_array_equal(unblocked, plain)
 
 
+def test_a_translator_may_block_runs_of_words_repeated_back_to_back(tokenizer):
+    """A model that ranks one word first at every step (as the EOS test below)
+    says it over and over; `block_adjacent_repeats` leaves no run of pieces that
+    starts a word right after itself, and blocks nothing else: each token taken
+    is the best one not blocked."""
+    pieces = _strings(tokenizer.id_to_token(tf.range(tokenizer.vocab_size)))
+    starts = np.char.startswith(pieces, "\u2581")
+    word = pieces.index("\u2581the")
+    model = make_model(tokenizer.vocab_size, seed=1, norm_first=True)
+    model.decoder_norm.gamma.assign(tf.zeros_like(model.decoder_norm.gamma))
+    model.decoder_norm.beta.assign(20.0 * model.embedding.embeddings[word])
+    options = dict(extra_length=EXTRA_LENGTH, max_input_length=MAX_INPUT_LENGTH,
+                   beam_sizes=(1,), beam_size=1)
+    source = tokenizer.tokenize(tf.constant(SENTENCES[1:2])).to_tensor()
+
+    def stammers(tokens):
+        return [(i, m) for m in range(1, 9) for i in range(len(tokens) - 2 * m + 1)
+                if tokens[i:i + m] == tokens[i + m:i + 2 * m] and starts[tokens[i]]]
+
+    plain = serving.Translator(model, tokenizer, **options).translate_ids(source)["ids"][0]
+    assert set(plain.numpy()) == {word}  # "the the the ..."
+    blocking = serving.Translator(model, tokenizer, block_adjacent_repeats=True, **options)
+    assert blocking.settings()["block_adjacent_repeats"] is True
+    tokens = [int(t) for t in blocking.translate_ids(source)["ids"][0] if t != 0]
+    assert len(tokens) > 4 and not stammers(tokens)
+    # Greedy: each token the model's best among those that repeat nothing.
+    cache = model.initial_cache(source, max_output_length=len(tokens) + 1)
+    prefix = [BOS_ID]
+    for step, token in enumerate(tokens):
+        logits, cache = model.decode_step(tf.constant(prefix[-1:]), cache, tf.constant(step))
+        ranked = np.argsort(-logits.numpy()[0], kind="stable")
+        allowed = [t for t in ranked if t != EOS_ID and not stammers(prefix[1:] + [int(t)])]
+        assert token == allowed[0], (step, prefix)
+        prefix.append(token)
+    with pytest.raises(ValueError, match="block_adjacent_repeats needs the tokenizer"):
+        serving.Translator(model, None, block_adjacent_repeats=True)
+
+
 @pytest.mark.parametrize("jit_compile", [False, pytest.param(True, marks=pytest.mark.slow)],
                          ids=["graph", "xla"])
 def test_a_model_that_ranks_eos_first_still_says_something(tokenizer, jit_compile):

@@ -745,9 +745,12 @@ def test_main_job_end_to_end(tmp_path):
     assert decoding["sentences"] == 8 and decoding["alpha"] in evaluation.ALPHAS
     assert decoding["no_repeat_ngram_size"] in (0, evaluation.BLOCKED_NGRAM_SIZE)
     dev = data.load_parallel("bundled", "dev").take(8).as_numpy_iterator()
+    translators = [kt.translator_from_run(run, no_repeat_ngram_size=0, alpha=0.6,
+                                          block_adjacent_repeats=adjacent)
+                   for adjacent in (False, True)]
     settings, scores = evaluation.choose_decoding(
-        kt.translator_from_run(run, no_repeat_ngram_size=0, alpha=0.6),
-        [(p["source"].decode(), p["target"].decode()) for p in dev])
+        translators[0], [(p["source"].decode(), p["target"].decode()) for p in dev],
+        blocking=translators[1])
     assert {name: decoding[name] for name in settings} == settings
     assert decoding["tried"] == [{"no_repeat_ngram_size": n, "alpha": a, "bleu": round(b, 2)}
                                  for (n, a), b in scores.items()]

@@ -224,7 +224,9 @@ def add_config_flags(parser, dataclass, defaults=True, skip=()):
 # the `DecodingConfig` field's default.
 RUN_DECODING = {"alpha": "the one chosen on its dev set as training ended, else 0.6",
                 "no_repeat_ngram_size": "the one chosen on its dev set as training ended, "
-                                        "else 0"}
+                                        "else 0",
+                "block_adjacent_repeats": "the one chosen on its dev set as training ended, "
+                                          "else off"}
 
 
 # A run's weights (`runs.WEIGHTS`' names; runs imports Keras, these flags must not).

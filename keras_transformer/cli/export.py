@@ -31,14 +31,15 @@ from keras_transformer.decoding_config import REQUEST_SETTINGS
 # How messages name the command (the clone's export.py passes its own name).
 PROG = "keras-transformer export"
 # The `DecodingConfig` fields an export takes as flags (--beam-size, ...).
-DECODING_FLAGS = (*REQUEST_SETTINGS, "beam_sizes", "max_input_length", "max_batch_size",
+DECODING_FLAGS = (*REQUEST_SETTINGS, "block_adjacent_repeats", "beam_sizes",
+                  "max_input_length", "max_batch_size",
                   "max_input_chars", "jit_compile", "xla_max_batch_size", "precision",
                   "parallel_searches")
 # The export chooses XLA for the machine it runs on; the weights stay float32
 # unless --precision says otherwise.
-# The request settings a run chose on its dev set (`runs.Run.decoding_settings`):
-# an absent flag leaves them to the run.
-RUN_CHOSEN = ("alpha", "no_repeat_ngram_size")
+# The decoding a run chose on its dev set (`runs.Run.decoding_settings`): an
+# absent flag leaves it to the run.
+RUN_CHOSEN = ("alpha", "no_repeat_ngram_size", "block_adjacent_repeats")
 FLAG_DEFAULTS = {"jit_compile": "auto", "precision": "float32", **dict.fromkeys(RUN_CHOSEN)}
 
 
@@ -108,10 +109,13 @@ def main(argv=None, prog=PROG):
         model, tokenizer, run_config = run.load(args.weights)
         if args.format == "ctranslate2":
             return export_ctranslate2(model, tokenizer, args, prog)
-        decoding = args.decoding
-        decoding = dataclasses.replace(decoding, **{  # what the run chose on its dev set
-            name: value for name, value in run.decoding_settings().items()
-            if getattr(args, name) is None})
+        chosen = run.decoding_settings()  # what the run chose on its dev set
+        if args.ids_only and chosen.pop("block_adjacent_repeats", False):
+            print(f"{prog}: the run blocks words repeated back to back, which an --ids-only "
+                  "export cannot (it has no pieces to tell words by); it blocks the rest",
+                  flush=True)
+        decoding = dataclasses.replace(args.decoding, **{
+            name: value for name, value in chosen.items() if getattr(args, name) is None})
         config, notes = decoding.resolved()
         for note in notes:
             print(f"{prog}: {note}", flush=True)

@@ -221,12 +221,16 @@ def run(args, fields, model_overrides, explicit, start, prog=PROG):
     # on dev pairs, save,
     # and translate test sentences ===
     averaged = save(model, run_dir, config, step, clock, account)
-    # Its search of the default beam traced once, for both.
-    translator = serving.Translator(averaged, tokenizer, **one_beam_size())
-    decoding = choose_decoding(translator, dev_pairs, run_dir, config, account)
+    # Their searches of the default beam traced once, for both: the paper's, and
+    # one that also blocks runs of words repeated right after themselves.
+    translators = {adjacent: serving.Translator(averaged, tokenizer, **one_beam_size(),
+                                                block_adjacent_repeats=adjacent)
+                   for adjacent in (False, True)}
+    decoding = choose_decoding(translators, dev_pairs, run_dir, config, account)
     print(account.line(), flush=True)
     if config.test_sentences:
-        print_test_bleu(translator, config, decoding)
+        adjacent = decoding.pop("block_adjacent_repeats", False)
+        print_test_bleu(translators[adjacent], config, decoding)
     return 0
 
 
@@ -465,10 +469,11 @@ def save(model, run_dir, config, step, clock, account):
     return averaged
 
 
-def choose_decoding(translator, dev_pairs, run_dir, config, account):
-    """Chooses the request settings of the run's translations (`translator`,
-    the averaged weights'): whether to block repeated n-grams, and the length
-    penalty, on the first `config.alpha_sentences` dev pairs
+def choose_decoding(translators, dev_pairs, run_dir, config, account):
+    """Chooses the decoding of the run's translations (`translators`, the
+    averaged weights', by `block_adjacent_repeats`): whether to block repeats
+    (4-grams anywhere, and runs of words right after themselves), and the
+    length penalty, on the first `config.alpha_sentences` dev pairs
     (`evaluation.choose_decoding`); records them in the run
     (`runs.Run.write_decoding`), says so, and returns them (`{}`: the paper's,
     without dev pairs to choose on)."""
@@ -479,7 +484,8 @@ def choose_decoding(translator, dev_pairs, run_dir, config, account):
         run_dir.write_decoding(None, {}, 0)
         return {}
     settings, scores = evaluation.choose_decoding(
-        translator, [(pair["source"].decode(), pair["target"].decode()) for pair in pairs])
+        translators[False], [(pair["source"].decode(), pair["target"].decode())
+                             for pair in pairs], blocking=translators[True])
     run_dir.write_decoding(settings, scores, len(pairs))
     account.mark("choosing decoding")
     print(decoding_line(settings, scores, len(pairs)), flush=True)
@@ -491,7 +497,8 @@ def decoding_line(settings, scores, sentences):
     size, alpha = settings["no_repeat_ngram_size"], settings["alpha"]
 
     def blocking(size):
-        return f"repeated {size}-grams blocked" if size else "no n-gram blocked"
+        return (f"repeated {size}-grams and words repeated back to back blocked" if size
+                else "nothing blocked")
 
     first_size = next(iter(scores))[0]
     alphas = ", ".join(f"{score:.1f} at {a:.1f}" for (n, a), score in scores.items()
