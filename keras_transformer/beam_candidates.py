@@ -1,10 +1,12 @@
 """The beam's candidates each step: the best one-token extensions of the live
 hypotheses, chosen without sorting the whole `(B, K * V)` table (see
 `best_extensions`), and the tokens that would repeat an n-gram
-(`repeated_ngram_mask`) or a run of words right after itself
-(`adjacent_repeat_mask`). `decoding`'s searches call them; pure TensorFlow.
+(`repeated_ngrams`) or a run of words right after itself
+(`adjacent_repeats`), masked in one scatter (`blocked_mask`). `decoding`'s
+searches call them; pure TensorFlow.
 """
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -17,17 +19,16 @@ def block_size(vocab_size, num_candidates):
                  if vocab_size % size == 0 and vocab_size // size >= num_candidates), None)
 
 
-def repeated_ngram_mask(ids, step, size, vocab_size):
-    """The next tokens that would repeat an n-gram of `size` tokens, as a mask
-    `(N, V)` float32 to add to log probabilities: -inf for those, 0 for the
-    others.
+def repeated_ngrams(ids, step, size):
+    """The next tokens that would repeat an n-gram of `size` tokens: `(tokens
+    (N, T + 1), blocked (N, T + 1))` for `blocked_mask`.
 
     The next token completes the n-gram whose other `size - 1` tokens end the
     hypothesis; it is blocked when those tokens came before, followed by it
     (CTranslate2's `no_repeat_ngram_size`, fairseq's `--no-repeat-ngram-size`).
     Only generated tokens count (columns `1..step`), not the start token. One
-    comparison of the buffer per token of the n-gram and one scatter: no
-    `(N, T, V)` table, and static shapes for XLA.
+    comparison of the buffer per token of the n-gram, and one scatter in
+    `blocked_mask`: no `(N, T, V)` table, and static shapes for XLA.
 
     Args:
         ids: int32 `(N, T + 1)`, the hypotheses' id buffers (start token,
@@ -35,9 +36,8 @@ def repeated_ngram_mask(ids, step, size, vocab_size):
         step: int32 scalar, the last written column.
         size: int or int32 scalar >= 1, the n-gram length (1 blocks every
             token already generated).
-        vocab_size: int V.
     """
-    rows, width = tf.shape(ids)[0], tf.shape(ids)[1]
+    width = tf.shape(ids)[1]
     columns = tf.range(width)  # (T + 1,)
     # Column p ends an earlier copy of the n-gram's first size - 1 tokens
     # when ids[p - i] == ids[step - i] for i < size - 1; that copy starts at
@@ -53,12 +53,28 @@ def repeated_ngram_mask(ids, step, size, vocab_size):
     _, ends = tf.while_loop(lambda offset, _: offset < size - 1, compare,
                             (tf.constant(0), ends))
     followers = tf.gather(ids, tf.minimum(columns + 1, width - 1), axis=1)  # ids[:, p + 1]
-    indices = tf.stack([tf.reshape(tf.broadcast_to(tf.range(rows)[:, tf.newaxis], tf.shape(ids)),
-                                   [-1]),
-                        tf.reshape(followers, [-1])], axis=1)  # (N * (T + 1), 2)
-    # min with +inf leaves an entry as it is, with -inf blocks it.
-    updates = tf.where(tf.reshape(ends, [-1]), float("-inf"), float("inf"))
-    return tf.tensor_scatter_nd_min(tf.zeros([rows, vocab_size]), indices, updates)  # (N, V)
+    return followers, ends
+
+
+def blocked_mask(vocab_size, *blocked):
+    """The mask `(N, V)` float32 to add to log probabilities of the tokens that
+    `blocked` pairs `(tokens (N, n), blocked (N, n))` block
+    (`repeated_ngrams`, `adjacent_repeats`): -inf for those, 0 for the others,
+    in one scatter."""
+    indices, updates = [], []
+    for tokens, blocks in blocked:
+        rows = tf.broadcast_to(tf.range(tf.shape(tokens)[0])[:, tf.newaxis], tf.shape(tokens))
+        indices.append(tf.stack([tf.reshape(rows, [-1]), tf.reshape(tokens, [-1])], axis=1))
+        # min with +inf leaves an entry as it is, with -inf blocks it.
+        updates.append(tf.where(tf.reshape(blocks, [-1]), float("-inf"), float("inf")))
+    rows = tf.shape(blocked[0][0])[0]
+    return tf.tensor_scatter_nd_min(tf.zeros([rows, vocab_size]), tf.concat(indices, 0),
+                                    tf.concat(updates, 0))  # (N, V)
+
+
+def repeated_ngram_mask(ids, step, size, vocab_size):
+    """`repeated_ngrams` as a mask `(N, V)` to add to log probabilities."""
+    return blocked_mask(vocab_size, repeated_ngrams(ids, step, size))
 
 
 # The longest run of pieces `adjacent_repeat_mask` looks back for: 8 pieces, a
@@ -66,10 +82,10 @@ def repeated_ngram_mask(ids, step, size, vocab_size):
 ADJACENT_REPEAT_PIECES = 8
 
 
-def adjacent_repeat_mask(ids, step, word_starts, vocab_size, longest=ADJACENT_REPEAT_PIECES):
+def adjacent_repeats(ids, step, word_starts, longest=ADJACENT_REPEAT_PIECES):
     """The next tokens that would repeat, right after itself, a run of 1 to
-    `longest` tokens that starts a word, as a mask `(N, V)` float32 to add to log
-    probabilities: -inf for those, 0 for the others.
+    `longest` tokens that starts a word: `(tokens (N, longest), blocked (N,
+    longest))` for `blocked_mask`.
 
     A briefly trained model stammers: "panes panes panes", "fuera de fuera de",
     "la ley de la ley de"; a translation of the bundled corpus's test pairs
@@ -86,29 +102,29 @@ def adjacent_repeat_mask(ids, step, word_starts, vocab_size, longest=ADJACENT_RE
         step: int32 scalar, the last written column.
         word_starts: bool `(V,)`, which tokens start a word (the tokenizer's
             pieces that begin with "▁").
-        vocab_size: int V.
         longest: int, the longest run looked for.
     """
-    rows, width = tf.shape(ids)[0], tf.shape(ids)[1]
-
-    def column(index):  # ids[:, index], any index clipped into the buffer (N,)
-        return tf.gather(ids, tf.clip_by_value(index, 0, width - 1), axis=1)
-
-    blocked, tokens = [], []
-    for m in range(1, longest + 1):
-        first = step + 2 - 2 * m  # the first copy's first column
-        same = tf.logical_and(tf.broadcast_to(first >= 1, [rows]),
-                              tf.gather(word_starts, column(first)))  # (N,)
-        for i in range(m - 1):  # the second copy's first m - 1 tokens, written
-            same = tf.logical_and(same, tf.equal(column(first + m + i), column(first + i)))
-        blocked.append(same)
-        tokens.append(column(first + m - 1))  # ids[step + 1 - m]
-    blocked, tokens = tf.stack(blocked, 1), tf.stack(tokens, 1)  # (N, longest)
-    indices = tf.stack([tf.broadcast_to(tf.range(rows)[:, tf.newaxis], tf.shape(tokens)),
-                        tokens], axis=-1)  # (N, longest, 2)
-    # min with +inf leaves an entry as it is, with -inf blocks it.
-    updates = tf.where(blocked, float("-inf"), float("inf"))
-    return tf.tensor_scatter_nd_min(tf.zeros([rows, vocab_size]), indices, updates)  # (N, V)
+    width = tf.shape(ids)[1]
+    # The last 2 * longest - 1 columns, up to `step`: window position j is column
+    # step - 2 * longest + 2 + j (clipped into the buffer; such runs are not valid).
+    size = 2 * longest - 1
+    window = tf.gather(ids, tf.clip_by_value(step - size + 1 + tf.range(size), 0, width - 1),
+                       axis=1)  # (N, 2L - 1)
+    # Run of m: its first copy from position 2L - 2m, its second from 2L - m (the
+    # token to come last); the pairs of their first m - 1 tokens, compared at once.
+    spans = np.arange(1, longest + 1)
+    pairs = [(2 * longest - m + i, 2 * longest - 2 * m + i, m - 1)
+             for m in spans for i in range(m - 1)]
+    later, earlier, owner = (list(column) for column in zip(*pairs))
+    differ = tf.cast(tf.not_equal(tf.gather(window, later, axis=1),
+                                  tf.gather(window, earlier, axis=1)), tf.float32)  # (N, P)
+    owners = np.eye(longest, dtype=np.float32)[owner]  # (P, L): the run each pair is of
+    same = tf.equal(tf.linalg.matmul(differ, owners), 0.0)  # (N, L)
+    starts = tf.gather(word_starts, tf.gather(window, 2 * longest - 2 * spans, axis=1))
+    written = tf.constant(2 * spans, tf.int32) <= step + 1  # (L,): only generated tokens
+    blocked = tf.logical_and(tf.logical_and(same, starts), written)  # (N, L)
+    tokens = tf.gather(window, 2 * longest - spans - 1, axis=1)  # (N, L): ids[step + 1 - m]
+    return tokens, blocked
 
 
 def if_blocking(size, blocking, plain):

@@ -153,17 +153,20 @@ def extend(search, symbols_to_logits_fn, state):
         return beam_candidates.best_extensions(
             logits, state.alive_log_probs, search.num_candidates, search.block_size, mask)
 
-    adjacent = None  # the tokens that would repeat a run of words right after itself
-    if search.word_starts is not None:
-        adjacent = beam_candidates.adjacent_repeat_mask(
-            flat_ids, state.step, search.word_starts, vocab_size)  # (B * K, V)
+    # The tokens that would repeat a run of words right after itself, if blocked.
+    adjacent = [] if search.word_starts is None else [
+        beam_candidates.adjacent_repeats(flat_ids, state.step, search.word_starts)]
 
-    def blocking():
-        mask = beam_candidates.repeated_ngram_mask(flat_ids, state.step, size, vocab_size)
-        return candidates(mask if adjacent is None else mask + adjacent)
+    def blocking():  # and those that would repeat an n-gram: one mask of both
+        return candidates(beam_candidates.blocked_mask(
+            vocab_size, beam_candidates.repeated_ngrams(flat_ids, state.step, size), *adjacent))
+
+    def plain():
+        return candidates(beam_candidates.blocked_mask(vocab_size, *adjacent)
+                          if adjacent else None)
 
     candidate_log_probs, flat_indices = beam_candidates.if_blocking(
-        size, blocking, lambda: candidates(adjacent))  # (B, C), (B, C)
+        size, blocking, plain)  # (B, C), (B, C)
     parents = flat_indices // vocab_size  # (B, C) beam each extends
     tokens = flat_indices % vocab_size  # (B, C)
     length = state.step + 1  # of every candidate

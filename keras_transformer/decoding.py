@@ -242,7 +242,7 @@ def beam_search(
             which tokens start a word: then no hypothesis is extended by a
             token that repeats, right after itself, a run of 1 to 8 of its
             tokens that starts a word ("panes panes", "fuera de fuera de";
-            `beam_candidates.adjacent_repeat_mask`).
+            `beam_candidates.adjacent_repeats`).
         ignore_eos: if True, the end-of-sequence token does not finish a
             hypothesis and the loop runs exactly `max_output_length` steps (no early
             stop): for benchmarks with random weights.

@@ -243,6 +243,15 @@ MUTANTS = [
            "return OSError(number, words, path)",
            ["tests/test_durable.py::"
             "test_tensorflows_full_disk_error_names_the_file_it_failed_on"]),
+    # Runs repeated back to back: blocked inside words too (a name's repeated piece).
+    mutant("adjacent-repeats-ignore-word-starts", "keras_transformer/beam_candidates.py",
+           "blocked = tf.logical_and(tf.logical_and(same, starts), written)  # (N, L)",
+           "blocked = tf.logical_and(same, written)  # (N, L)",
+           ["tests/test_decoding.py::TestAdjacentRepeatMask"]),
+    # The run's choice: blocking won, but the export is not told to block adjacent runs.
+    mutant("run-choice-drops-adjacent-repeats", "keras_transformer/evaluation.py",
+           'settings["block_adjacent_repeats"] = True', "pass",
+           ["tests/test_evaluation.py::test_choose_decoding_blocks_on_the_blocking_translator"]),
     # export: a version written whole, said to be "Nothing was exported".
     mutant("export-server-files-unsaid", "keras_transformer/cli/export.py",
            'print(f"{prog}: wrote {path}, but not TF Serving\'s files beside it: "',

@@ -610,9 +610,8 @@ class TestAdjacentRepeatMask:
             for step in range(columns):
                 buffer = ids.copy()
                 buffer[:, step + 1:] = 0  # padding after the last written column
-                mask = beam_candidates.adjacent_repeat_mask(
-                    tf.constant(buffer), tf.constant(step), tf.constant(word_starts),
-                    vocab).numpy()
+                mask = beam_candidates.blocked_mask(vocab, beam_candidates.adjacent_repeats(
+                    tf.constant(buffer), tf.constant(step), tf.constant(word_starts))).numpy()
                 for row in range(rows):
                     generated = list(buffer[row, 1:step + 1])
                     expected = [-np.inf if _repeats_adjacently(generated + [token], word_starts)
