@@ -271,6 +271,15 @@ def test_a_request_may_block_repeated_ngrams(translator, tokenizer):
     np.testing.assert_array_equal(unblocked, plain)
 
 
+def _model_that_says(tokenizer, token):
+    """A model that ranks `token` first at every step (its last norm gives that
+    token's embedding whatever the input), the others as its random weights do."""
+    model = make_model(tokenizer.vocab_size, seed=1, norm_first=True)
+    model.decoder_norm.gamma.assign(tf.zeros_like(model.decoder_norm.gamma))
+    model.decoder_norm.beta.assign(20.0 * model.embedding.embeddings[token])
+    return model
+
+
 def test_a_translator_may_block_runs_of_words_repeated_back_to_back(tokenizer):
     """A model that ranks one word first at every step (as the EOS test below)
     says it over and over; `block_adjacent_repeats` leaves no run of pieces that
@@ -279,9 +288,7 @@ def test_a_translator_may_block_runs_of_words_repeated_back_to_back(tokenizer):
     pieces = _strings(tokenizer.id_to_token(tf.range(tokenizer.vocab_size)))
     starts = np.char.startswith(pieces, "\u2581")
     word = pieces.index("\u2581the")
-    model = make_model(tokenizer.vocab_size, seed=1, norm_first=True)
-    model.decoder_norm.gamma.assign(tf.zeros_like(model.decoder_norm.gamma))
-    model.decoder_norm.beta.assign(20.0 * model.embedding.embeddings[word])
+    model = _model_that_says(tokenizer, word)
     options = dict(extra_length=EXTRA_LENGTH, max_input_length=MAX_INPUT_LENGTH,
                    beam_sizes=(1,), beam_size=1)
     source = tokenizer.tokenize(tf.constant(SENTENCES[1:2])).to_tensor()
@@ -486,6 +493,24 @@ def test_xla_search_equals_graph_search(model, tokenizer, translator):
         knobs = dict(no_repeat_ngram_size=tf.constant(size))
         fast, reference = compiled.translate(texts, **knobs), translator.translate(texts, **knobs)
         assert _strings(fast["translation"]) == _strings(reference["translation"])
+        np.testing.assert_allclose(fast["score"], reference["score"], atol=1e-4)
+
+
+@pytest.mark.slow
+def test_xla_search_blocks_adjacent_repeats_as_the_graph_does(tokenizer):
+    """The model says "the" over and over; both searches block it alike."""
+    word = _strings(tokenizer.id_to_token(tf.range(tokenizer.vocab_size))).index("\u2581the")
+    model = _model_that_says(tokenizer, word)
+    options = dict(extra_length=EXTRA_LENGTH, max_input_length=MAX_INPUT_LENGTH,
+                   beam_sizes=(4,), block_adjacent_repeats=True)
+    graph = serving.Translator(model, tokenizer, **options)
+    compiled = serving.Translator(model, tokenizer, jit_compile=True, **options)
+    texts = tf.constant(SENTENCES[:3])
+    for size in (0, 2):
+        knobs = dict(no_repeat_ngram_size=tf.constant(size))
+        fast, reference = compiled.translate(texts, **knobs), graph.translate(texts, **knobs)
+        assert _strings(fast["translation"]) == _strings(reference["translation"])
+        assert all(" the the " not in f" {text} " for text in _strings(fast["translation"]))
         np.testing.assert_allclose(fast["score"], reference["score"], atol=1e-4)
 
 
