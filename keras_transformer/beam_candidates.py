@@ -61,13 +61,13 @@ def blocked_mask(vocab_size, *blocked):
     `blocked` pairs `(tokens (N, n), blocked (N, n))` block
     (`repeated_ngrams`, `adjacent_repeats`): -inf for those, 0 for the others,
     in one scatter."""
+    rows = tf.shape(blocked[0][0])[0]
     indices, updates = [], []
     for tokens, blocks in blocked:
-        rows = tf.broadcast_to(tf.range(tf.shape(tokens)[0])[:, tf.newaxis], tf.shape(tokens))
-        indices.append(tf.stack([tf.reshape(rows, [-1]), tf.reshape(tokens, [-1])], axis=1))
+        row = tf.broadcast_to(tf.range(rows)[:, tf.newaxis], tf.shape(tokens))
+        indices.append(tf.stack([tf.reshape(row, [-1]), tf.reshape(tokens, [-1])], axis=1))
         # min with +inf leaves an entry as it is, with -inf blocks it.
         updates.append(tf.where(tf.reshape(blocks, [-1]), float("-inf"), float("inf")))
-    rows = tf.shape(blocked[0][0])[0]
     return tf.tensor_scatter_nd_min(tf.zeros([rows, vocab_size]), tf.concat(indices, 0),
                                     tf.concat(updates, 0))  # (N, V)
 
@@ -77,7 +77,7 @@ def repeated_ngram_mask(ids, step, size, vocab_size):
     return blocked_mask(vocab_size, repeated_ngrams(ids, step, size))
 
 
-# The longest run of pieces `adjacent_repeat_mask` looks back for: 8 pieces, a
+# The longest run of pieces `adjacent_repeats` looks back for: 8 pieces, a
 # few words (the n-gram mask blocks longer repeats wherever they come).
 ADJACENT_REPEAT_PIECES = 8
 
