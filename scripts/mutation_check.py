@@ -257,6 +257,16 @@ MUTANTS = [
            'print(f"{prog}: wrote {path}, but not TF Serving\'s files beside it: "',
            'print(f"{prog}: Nothing was exported: "',
            ["tests/test_cli.py::test_export_on_a_full_disk_says_what_it_wrote"]),
+    # The vocabulary keeps text as written: "café" decomposed is another word.
+    mutant("tokenizer-without-nfc", "keras_transformer/data/tokenizer.py",
+           "normalization_rule_name=NFC,", 'normalization_rule_name="identity",',
+           ["tests/data/test_tokenizer.py::test_every_decomposed_character_tokenizes_as_its_nfc",
+            "tests/test_serving.py::"
+            "test_decomposed_accents_and_a_byte_order_mark_translate_as_plain_text"]),
+    # The rules know each character's decomposition, not its other spellings.
+    mutant("nfc-rules-decomposition-only", "keras_transformer/data/text_normalization.py",
+           "for split in range(len(order) + 1):", "for split in range(min(len(order), 0) + 1):",
+           ["tests/data/test_tokenizer.py::test_canonically_equivalent_spellings_tokenize_alike"]),
 ]
 
 

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import unicodedata
 
 import numpy as np
 import pytest
@@ -124,8 +125,12 @@ def test_c_api_answers_as_the_python_loader(export_path):
     requests = warmup_requests(export_path)
     assert sorted(name for name, _ in requests) == sorted(saved_model.SIGNATURES)
     # Bytes through TF_TString both ways: a long (heap) string, one of 22 bytes
-    # (the most kept inline), an empty one and invalid UTF-8.
-    texts = np.array([s.encode() for s in SENTENCES[2:]] + [b"", BAD_UTF8], dtype=object)
+    # (the most kept inline), an empty one and invalid UTF-8; and a sentence
+    # with decomposed accents, which the vocabulary's rules compose in the
+    # tokenizer op, with nothing but that op loaded.
+    composed = "And God saw the light of Jérusalem."
+    texts = np.array([s.encode() for s in SENTENCES[2:]] + [b"", BAD_UTF8] + [
+        unicodedata.normalize(form, composed).encode() for form in ("NFD", "NFC")], dtype=object)
     requests.append(("serving_default", {"text": texts}))
     report = run_c_api_client(
         export_path, [plan_run(signature_defs[name], inputs) for name, inputs in requests])
@@ -145,6 +150,8 @@ def test_c_api_answers_as_the_python_loader(export_path):
         want = function(**{key: tf.constant(value) for key, value in inputs.items()})
         got = {key: decode(value) for key, value in result.items()}
         assert_outputs_equal(got, {key: value.numpy() for key, value in want.items()}, name)
+    decomposed, precomposed = got["translation"][-2:]  # serving_default's, the last request
+    assert decomposed == precomposed
 
 
 # TF_Code of a refused request (tensorflow/c/tf_status.h).

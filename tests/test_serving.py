@@ -2,6 +2,7 @@
 tests/test_saved_model.py)."""
 
 import dataclasses
+import unicodedata
 
 import numpy as np
 import pytest
@@ -366,6 +367,18 @@ def test_invalid_utf8_is_replaced(translator):
     translations = _strings(outputs["translation"])
     assert translations[0] == translations[1] != ""
     np.testing.assert_allclose(outputs["score"][0], outputs["score"][1], rtol=1e-6)
+
+
+def test_decomposed_accents_and_a_byte_order_mark_translate_as_plain_text(translator):
+    # "Jérusalem" with e + U+0301 (as macOS writes it), and a file's byte order
+    # mark: the vocabulary's NFC rules make both the plain sentence.
+    plain = "And God said to Jérusalem, Let there be light."
+    written = [unicodedata.normalize("NFD", plain), "\ufeff" + plain, plain]
+    assert written[0] != plain
+    outputs = translator.translate(tf.constant(written))
+    translations = _strings(outputs["translation"])
+    assert translations[0] == translations[1] == translations[2] != ""
+    np.testing.assert_allclose(outputs["score"], [outputs["score"][2]] * 3, rtol=1e-6)
 
 
 def test_long_input_is_truncated(translator, tokenizer):

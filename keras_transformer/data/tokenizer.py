@@ -11,12 +11,14 @@ import io
 import json
 import os
 import random
+import tempfile
 
 import sentencepiece
 import tensorflow as tf
 from sentencepiece import sentencepiece_model_pb2
 import tensorflow_text
 
+from keras_transformer.data import text_normalization
 from keras_transformer.hardware import available_cores
 from keras_transformer.token_ids import BOS_ID
 from keras_transformer.token_ids import EOS_ID
@@ -27,6 +29,11 @@ MODEL_FILENAME = "subword.model"
 VOCAB_FILENAME = "subword.vocab"
 CONFIG_FILENAME = "tokenizer.json"
 
+# The default normalization: Unicode NFC, our rules (`text_normalization`).
+NFC = "nfc"
+# The normalizations `SubwordTokenizer.train` takes: ours, then sentencepiece's.
+NORMALIZATIONS = (NFC, "identity", "nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf")
+
 
 class SubwordTokenizer(tf.Module):
     """Subword tokenizer with a vocabulary shared by source and target.
@@ -36,11 +43,14 @@ class SubwordTokenizer(tf.Module):
     2 and end of sequence 3. `tokenize` adds neither BOS nor EOS (batching does), and
     `detokenize` skips the reserved ids, so padded rows detokenize cleanly.
 
-    The default normalization is "identity" with byte fallback: text is not rewritten
-    (no NFKC), and characters outside the vocabulary become byte tokens instead of
-    the unknown id, so `detokenize(tokenize(x)) == x` for any text whose whitespace is
+    The default normalization is Unicode NFC with byte fallback: a sentence written
+    with combining accents ("e" + U+0301) tokenizes as its precomposed form ("é"),
+    nothing else is rewritten (no NFKC), a byte order mark (U+FEFF) is dropped,
+    and characters outside the vocabulary become byte tokens instead of the unknown
+    id. So `detokenize(tokenize(x)) == x` for any NFC text whose whitespace is
     already single spaces with none leading or trailing (sentencepiece collapses
-    runs of whitespace).
+    runs of whitespace). The normalization is part of the serialized model: it
+    runs wherever the tokenizer does, an export included.
 
     The tokenizer is a `tf.Module` whose ops are built inside every traced function
     that calls it, the serialized model embedded: call `tokenize` / `detokenize`
@@ -112,7 +122,7 @@ class SubwordTokenizer(tf.Module):
         model_type="bpe",
         character_coverage=1.0,
         byte_fallback=True,
-        normalization_rule_name="identity",
+        normalization_rule_name=NFC,
         num_threads=None,
     ):
         """Learns a shared vocabulary from source and target sentences.
@@ -134,15 +144,23 @@ class SubwordTokenizer(tf.Module):
                 single-character pieces; the rest fall back to bytes.
             byte_fallback: bool, encode characters outside the vocabulary as UTF-8
                 byte tokens rather than the unknown id (256 ids of the vocabulary).
-            normalization_rule_name: sentencepiece's normalization: "identity"
-                keeps text as written (round trips exactly); "nmt_nfkc" applies
-                NFKC, which rewrites some characters.
+            normalization_rule_name: the text normalization compiled into the
+                model: "nfc" (Unicode NFC, `text_normalization.nfc_rules`);
+                "identity" keeps text as written, so differently composed
+                spellings of a word tokenize differently; or another of
+                sentencepiece's rules, such as "nmt_nfkc" (NFKC, which also
+                rewrites ligatures, full-width forms and the like).
             num_threads: int or None (all cores) for the trainer.
 
         Returns:
             A `SubwordTokenizer`. Training twice on the same text with the same
             arguments gives the same vocabulary.
         """
+        if normalization_rule_name not in NORMALIZATIONS:
+            raise ValueError(
+                f"normalization_rule_name must be one of {', '.join(NORMALIZATIONS)}. "
+                f"Received: normalization_rule_name={normalization_rule_name!r}"
+            )
         if model_type not in ("bpe", "unigram"):
             raise ValueError(
                 f"model_type must be 'bpe' or 'unigram'. Received: model_type={model_type!r}"
@@ -163,36 +181,37 @@ class SubwordTokenizer(tf.Module):
             raise ValueError("SubwordTokenizer.train: the training text is empty")
 
         model = io.BytesIO()
-        try:
-            sentencepiece.SentencePieceTrainer.train(
-                sentence_iterator=iter(sentences),
-                model_writer=model,
-                model_type=model_type,
-                vocab_size=vocab_size,
-                # Too small a corpus for vocab_size gives a smaller vocabulary
-                # instead of an error.
-                hard_vocab_limit=False,
-                character_coverage=character_coverage,
-                byte_fallback=byte_fallback,
-                normalization_rule_name=normalization_rule_name,
-                pad_id=PAD_ID,
-                unk_id=UNK_ID,
-                bos_id=BOS_ID,
-                eos_id=EOS_ID,
-                # Sampling happened above, with our seed: the trainer reads
-                # everything it is given, in order, so its result is reproducible.
-                input_sentence_size=0,
-                shuffle_input_sentence=False,
-                max_sentence_length=1 << 16,
-                num_threads=num_threads or available_cores(),
-                minloglevel=2,
-            )
-        except RuntimeError as error:
-            raise ValueError(
-                f"SubwordTokenizer.train could not learn a vocabulary of vocab_size="
-                f"{vocab_size} from {len(sentences)} sentences. sentencepiece says: "
-                f"{error}"
-            ) from error
+        with tempfile.TemporaryDirectory() as directory:
+            try:
+                sentencepiece.SentencePieceTrainer.train(
+                    sentence_iterator=iter(sentences),
+                    model_writer=model,
+                    model_type=model_type,
+                    vocab_size=vocab_size,
+                    # Too small a corpus for vocab_size gives a smaller vocabulary
+                    # instead of an error.
+                    hard_vocab_limit=False,
+                    character_coverage=character_coverage,
+                    byte_fallback=byte_fallback,
+                    **_normalization_flags(normalization_rule_name, directory),
+                    pad_id=PAD_ID,
+                    unk_id=UNK_ID,
+                    bos_id=BOS_ID,
+                    eos_id=EOS_ID,
+                    # Sampling happened above, with our seed: the trainer reads
+                    # everything it is given, in order, so its result is reproducible.
+                    input_sentence_size=0,
+                    shuffle_input_sentence=False,
+                    max_sentence_length=1 << 16,
+                    num_threads=num_threads or available_cores(),
+                    minloglevel=2,
+                )
+            except RuntimeError as error:
+                raise ValueError(
+                    f"SubwordTokenizer.train could not learn a vocabulary of vocab_size="
+                    f"{vocab_size} from {len(sentences)} sentences. sentencepiece says: "
+                    f"{error}"
+                ) from error
         return cls(_without_machine_settings(model.getvalue()))
 
     def tokenize(self, texts):
@@ -288,12 +307,24 @@ class SubwordTokenizer(tf.Module):
         return tokenizer
 
 
+def _normalization_flags(rule_name, directory):
+    """The trainer's flags for `rule_name`: ours ("nfc") as a rule file written
+    to `directory`, sentencepiece's by name."""
+    if rule_name != NFC:
+        return {"normalization_rule_name": rule_name}
+    path = os.path.join(directory, "nfc.tsv")
+    text_normalization.write_rule_tsv(text_normalization.nfc_rules(), path)
+    return {"normalization_rule_tsv": path}
+
+
 def _without_machine_settings(model_proto):
-    """The model with the trainer's thread count cleared: the vocabulary does not
-    depend on it, and so the bytes do not either, whatever machine trained it."""
+    """The model with the trainer's thread count and the rule file's (temporary)
+    path cleared: the vocabulary depends on neither, and so the bytes do not
+    either, whatever machine trained it."""
     model = sentencepiece_model_pb2.ModelProto()
     model.ParseFromString(model_proto)
     model.trainer_spec.ClearField("num_threads")
+    model.normalizer_spec.ClearField("normalization_rule_tsv")
     return model.SerializeToString()
 
 

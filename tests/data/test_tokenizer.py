@@ -1,5 +1,6 @@
 import io
 import os
+import unicodedata
 
 import numpy as np
 import pytest
@@ -51,7 +52,8 @@ def test_round_trip_on_the_bundled_test_split(tokenizer):
     texts = tf.concat([pairs["source"], pairs["target"]], axis=0)  # (3582,)
     restored = tokenizer.detokenize(tokenizer.tokenize(texts))
     exact = float(tf.reduce_mean(tf.cast(tf.equal(restored, texts), tf.float32)))
-    # Identity normalization and byte fallback: every verse comes back exactly.
+    # NFC text (as the bundled corpus is) and byte fallback: every verse comes
+    # back exactly.
     assert texts.shape[0] == 3582
     assert exact >= 0.99
     assert exact == 1.0
@@ -62,6 +64,57 @@ def test_unseen_characters_round_trip_through_byte_fallback(tokenizer):
     ids = tokenizer.tokenize(tf.constant([text]))
     assert tokenizer.unk_id not in ids.flat_values.numpy().tolist()
     assert tokenizer.detokenize(ids).numpy()[0].decode("utf-8") == text
+
+
+def _round_trip(tokenizer, texts):
+    ids = tokenizer.tokenize(tf.constant(texts))
+    return [text.decode("utf-8") for text in tokenizer.detokenize(ids).numpy()]
+
+
+def test_every_decomposed_character_tokenizes_as_its_nfc(tokenizer):
+    # The rules compiled into the model against Python's NFC, for every character
+    # with a canonical decomposition (Hangul syllables included): written
+    # decomposed, it comes back composed. Byte fallback makes detokenize show
+    # the normalized text whatever the vocabulary.
+    characters = [chr(c) for c in range(0x110000)
+                  if not 0xD800 <= c < 0xE000
+                  and unicodedata.normalize("NFD", chr(c)) != chr(c)]
+    assert len(characters) > 13000
+    decomposed = [unicodedata.normalize("NFD", c) for c in characters]
+    expected = [unicodedata.normalize("NFC", c) for c in characters]
+    restored = _round_trip(tokenizer, decomposed)
+    wrong = [(d, e, r) for d, e, r in zip(decomposed, expected, restored) if r != e]
+    assert not wrong, f"{len(wrong)} not in NFC, e.g. {wrong[:5]}"
+
+
+@pytest.mark.parametrize("written, nfc", [
+    ("e\u0323\u0302", "\u1ec7"),        # ệ: its decomposition, in canonical order
+    ("e\u0302\u0323", "\u1ec7"),        # the marks the other way round
+    ("\u00ea\u0323", "\u1ec7"),         # ê, then the dot below
+    ("\u1eb9\u0302", "\u1ec7"),         # ẹ, then the circumflex
+    ("\u1100\u1161\u11a8", "\uac01"),  # 각 from its three jamo
+    ("\uac00\u11a8", "\uac01"),         # 가 + ᆨ
+    ("\u212b", "\u00c5"),                # the Angstrom sign is Å in NFC
+    ("q\u0301", "q\u0301"),              # no precomposed q́: left as written
+    ("\ufeffJesus wept.", "Jesus wept."),  # a byte order mark is dropped
+])
+def test_canonically_equivalent_spellings_tokenize_alike(tokenizer, written, nfc):
+    assert unicodedata.normalize("NFC", written.replace("\ufeff", "")) == nfc
+    assert _round_trip(tokenizer, [written]) == [nfc]
+    ids = tokenizer.tokenize(tf.constant([written, nfc])).to_list()
+    assert ids[0] == ids[1]
+
+
+def test_a_decomposed_sentence_tokenizes_as_the_composed_one(tokenizer):
+    composed = "Y dijo Jesús: Mañana iréis à Jérusalem, naïve Ωμέγα."
+    decomposed = unicodedata.normalize("NFD", composed)
+    assert decomposed != composed
+    ids = tokenizer.tokenize(tf.constant([decomposed, composed, "\ufeff" + composed])).to_list()
+    assert ids[0] == ids[1] == ids[2]
+    # The identity normalization keeps what was written, decomposed included.
+    identity = data.SubwordTokenizer.train(SENTENCES * 10, vocab_size=300,
+                                           normalization_rule_name="identity")
+    assert _round_trip(identity, [decomposed]) == [decomposed]
 
 
 def test_training_twice_gives_the_same_vocabulary(dev_pairs, tokenizer):
@@ -146,6 +199,7 @@ def test_max_sentences_samples_deterministically():
     [
         ({"vocab_size": 100}, "vocab_size must be at least 261"),
         ({"model_type": "word"}, "model_type must be 'bpe' or 'unigram'"),
+        ({"normalization_rule_name": "nfd"}, "normalization_rule_name must be one of nfc, identity"),
         ({"max_sentences": 0}, "max_sentences must be positive"),
         ({"vocab_size": 262}, "could not learn a vocabulary of vocab_size=262"),
     ],
