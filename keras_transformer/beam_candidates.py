@@ -72,11 +72,6 @@ def blocked_mask(vocab_size, *blocked):
                                     tf.concat(updates, 0))  # (N, V)
 
 
-def repeated_ngram_mask(ids, step, size, vocab_size):
-    """`repeated_ngrams` as a mask `(N, V)` to add to log probabilities."""
-    return blocked_mask(vocab_size, repeated_ngrams(ids, step, size))
-
-
 # The longest run of pieces `adjacent_repeats` looks back for: 8 pieces, a
 # few words (the n-gram mask blocks longer repeats wherever they come).
 ADJACENT_REPEAT_PIECES = 8
@@ -156,7 +151,7 @@ def best_extensions(logits, alive_log_probs, k, block_size, mask=None):
         block_size: a divisor of V with V / block_size >= k, or None to run
             `top_k` over the whole table.
         mask: optional float32 `(B * K, V)`, -inf for tokens no hypothesis
-            may take (`repeated_ngram_mask`), added after the log-softmax:
+            may take (`blocked_mask`), added after the log-softmax:
             the other tokens keep their probabilities, as in CTranslate2 and
             fairseq.
 

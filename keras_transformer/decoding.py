@@ -82,6 +82,7 @@ def greedy_search(
     max_output_lengths=None,
     padding_id=0,
     no_repeat_ngram_size=0,
+    block_adjacent_repeats=None,
     ignore_eos=False,
     allow_empty=False,
 ):
@@ -103,6 +104,9 @@ def greedy_search(
         padding_id: int written after the end of every sequence.
         no_repeat_ngram_size: int n; when > 0, no token is taken that would
             repeat an n-gram of the sequence (`beam_search`).
+        block_adjacent_repeats: None, or bool `(V,)`, which tokens start a
+            word: then no token is taken that repeats, right after itself, a
+            run of tokens that starts a word (`beam_search`).
         ignore_eos: if True, the end-of-sequence token does not end a sequence
             (it is decoded like any other token) and the loop runs exactly
             `max_output_length` steps: for benchmarks with random weights.
@@ -124,6 +128,8 @@ def greedy_search(
         max_output_lengths, batch_size, max_output_length)
     initial_cache = {} if initial_cache is None else initial_cache
     columns = tf.range(max_output_length + 1)  # (T + 1,)
+    word_starts = (None if block_adjacent_repeats is None
+                   else tf.convert_to_tensor(block_adjacent_repeats, tf.bool))
 
     state = _GreedyState(
         step=tf.constant(0),
@@ -144,10 +150,21 @@ def greedy_search(
         logits, cache = symbols_to_logits_fn(state.ids, state.step, state.cache)
         cache = search_arguments.same_shapes(cache, state.cache)
         log_probs = _log_probs(logits, vocab_size=None)  # (B, V)
-        log_probs = beam_candidates.if_blocking(
-            no_repeat_ngram_size, lambda: log_probs + beam_candidates.repeated_ngram_mask(
-                state.ids, state.step, no_repeat_ngram_size, log_probs.shape[-1]),
-            lambda: log_probs)
+        vocab_size = log_probs.shape[-1]
+        # The tokens that would repeat a run of words right after itself, if blocked.
+        adjacent = [] if word_starts is None else [
+            beam_candidates.adjacent_repeats(state.ids, state.step, word_starts)]
+
+        def blocking():  # and those that would repeat an n-gram: one mask of both
+            return log_probs + beam_candidates.blocked_mask(vocab_size, *adjacent, (
+                beam_candidates.repeated_ngrams(state.ids, state.step, no_repeat_ngram_size)))
+
+        def plain():
+            if not adjacent:
+                return log_probs
+            return log_probs + beam_candidates.blocked_mask(vocab_size, *adjacent)
+
+        log_probs = beam_candidates.if_blocking(no_repeat_ngram_size, blocking, plain)
         if not (allow_empty or ignore_eos):
             is_eos = tf.range(tf.shape(log_probs)[-1]) == eos_id  # (V,)
             log_probs = tf.where(tf.logical_and(state.step == 0, is_eos), float("-inf"),
@@ -236,7 +253,7 @@ def beam_search(
         no_repeat_ngram_size: int n (or an int32 scalar tensor, a request's
             setting); when > 0, no hypothesis is extended by a token that would
             repeat one of its n-grams (of generated tokens;
-            `beam_candidates.repeated_ngram_mask`): the remedy of CTranslate2
+            `beam_candidates.repeated_ngrams`): the remedy of CTranslate2
             and fairseq for a weak model's loops. 0 (the paper): none blocked.
         block_adjacent_repeats: None (the paper: none blocked), or bool `(V,)`,
             which tokens start a word: then no hypothesis is extended by a

@@ -555,11 +555,14 @@ class TestEquivalences:
         np.testing.assert_allclose(beam_scores[:, 0], greedy_scores, rtol=1e-6)
 
 
-    @pytest.mark.parametrize("size", [1, 2, 3])
-    def test_beam_size_1_with_alpha_0_equals_greedy_when_blocking_ngrams(self, size):
+    @pytest.mark.parametrize("size, adjacent", [(1, False), (2, False), (3, False),
+                                                (0, True), (3, True)])
+    def test_beam_size_1_with_alpha_0_equals_greedy_when_blocking_repeats(self, size, adjacent):
         model = _PrefixModel(seed=8, batch_size=6)
         starts = tf.constant([_R_A, _R_B, _R_A, _R_B, _R_A, _R_B])
-        kwargs = dict(max_output_length=_MAX_LENGTH, eos_id=_R_EOS, no_repeat_ngram_size=size)
+        word_starts = np.array([False, False, True, True])  # (V,): a and b start words
+        kwargs = dict(max_output_length=_MAX_LENGTH, eos_id=_R_EOS, no_repeat_ngram_size=size,
+                      block_adjacent_repeats=word_starts if adjacent else None)
         greedy_ids, greedy_scores = _numpy(decoding.greedy_search(
             model.cached_fn(), starts, model.cached_state(), **kwargs))
         beam_ids, beam_scores = _numpy(decoding.beam_search(
@@ -567,10 +570,20 @@ class TestEquivalences:
             alpha=0.0, **kwargs))
         np.testing.assert_array_equal(beam_ids[:, 0], greedy_ids)
         np.testing.assert_allclose(beam_scores[:, 0], greedy_scores, rtol=1e-6)
-        for row in greedy_ids:
+        unblocked_ids, _ = _numpy(decoding.greedy_search(
+            model.cached_fn(), starts, model.cached_state(), max_output_length=_MAX_LENGTH,
+            eos_id=_R_EOS))
+        blocked_any = False
+        for row, unblocked in zip(greedy_ids, unblocked_ids):
             tokens = [token for token in row if token != PAD]
-            assert not any(_repeats_an_ngram(tokens[:end], size)
-                           for end in range(1, len(tokens) + 1))
+            free = [token for token in unblocked if token != PAD]
+            prefixes = [tokens[:end] for end in range(1, len(tokens) + 1)]
+            assert not any(_repeats_an_ngram(prefix, size) for prefix in prefixes if size)
+            assert not any(_repeats_adjacently(prefix, word_starts)
+                           for prefix in prefixes if adjacent)
+            blocked_any |= any(_repeats_adjacently(free[:end], word_starts)
+                               for end in range(1, len(free) + 1))
+        assert blocked_any  # the model, left alone, repeats
 
 
 class TestRepeatedNgramMask:
@@ -584,8 +597,8 @@ class TestRepeatedNgramMask:
         for step in range(columns):
             buffer = ids.copy()
             buffer[:, step + 1:] = 0  # padding after the last written column
-            mask = beam_candidates.repeated_ngram_mask(
-                tf.constant(buffer), tf.constant(step), size, vocab).numpy()
+            mask = beam_candidates.blocked_mask(vocab, beam_candidates.repeated_ngrams(
+                tf.constant(buffer), tf.constant(step), size)).numpy()
             for row in range(rows):
                 generated = list(buffer[row, 1:step + 1])
                 expected = [
