@@ -138,7 +138,7 @@ class Translator(tf.Module):
         self.config = config
         self.shapes = serving_shapes.RequestShapes(config)
         self.text = serving_text.RequestText(tokenizer, config.max_batch_size,
-                                             config.max_input_chars)
+                                             config.max_input_chars, config.recase_all_caps)
         # In the layout the logits' product reads fastest; made once per
         # translator, not per search (`benchmarks/serving_latency.py`).
         dtype = model.embedding.compute_dtype
@@ -231,7 +231,8 @@ class Translator(tf.Module):
         ids, scores, lengths = self.search(self.text.tokens(text), *settings)
         empty = tf.equal(lengths, 0)  # (B,)
         return {
-            "translation": tf.where(empty, "", self.text.detokenize(ids[:, 0])),
+            "translation": tf.where(empty, "", self.text.in_source_case(
+                text, self.text.detokenize(ids[:, 0]))),
             "score": tf.where(empty, 0.0, scores[:, 0]),
         }
 
@@ -240,7 +241,7 @@ class Translator(tf.Module):
         ids, scores, lengths = self.search(self.text.tokens(text), *settings)
         shape = tf.shape(ids)  # (B, K, T)
         texts = self.text.detokenize(tf.reshape(ids, [-1, shape[2]]))
-        texts = tf.reshape(texts, shape[:2])  # (B, K)
+        texts = self.text.in_source_case(text, tf.reshape(texts, shape[:2]))  # (B, K)
         empty = tf.equal(lengths, 0)[:, tf.newaxis]  # (B, 1)
         first = tf.range(shape[1]) == 0  # (K,)
         # An empty source has one hypothesis, the empty one.
@@ -257,7 +258,8 @@ class Translator(tf.Module):
         outputs = self._forced(tokens, best)
         empty = tf.equal(lengths, 0)
         return {
-            "translation": tf.where(empty, "", self.text.detokenize(best)),
+            "translation": tf.where(empty, "", self.text.in_source_case(
+                text, self.text.detokenize(best))),
             "score": tf.where(empty, 0.0, scores[:, 0]),
             "target_tokens": outputs["target_tokens"],
             "alignment": outputs["alignment"],
@@ -345,6 +347,8 @@ def _for_model(config, model_config, tokenizer):
     if config.block_adjacent_repeats and tokenizer is None:
         raise ValueError("Translator: block_adjacent_repeats needs the tokenizer, which says "
                          "which pieces start a word; an ids-only translator cannot block them")
+    if tokenizer is None:  # no text to recase
+        config = dataclasses.replace(config, recase_all_caps=False)
     if tokenizer is not None and tokenizer.vocab_size != model_config.vocab_size:
         raise ValueError(
             f"Translator: the tokenizer has {tokenizer.vocab_size} ids but the model "

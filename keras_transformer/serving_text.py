@@ -3,13 +3,22 @@ text, subword tokenization, and back to text.
 
 Bad input is answered, not crashed on: runs of whitespace (tabs, newlines,
 Unicode spaces) become one space, ends stripped, as in the training text;
-invalid UTF-8 bytes become U+FFFD. A request of more than `max_batch_size`
+invalid UTF-8 bytes become U+FFFD. A sentence written in capitals only ("AND
+GOD SAID, LET THERE BE LIGHT.") is, where the translator recases them,
+translated in sentence case ("And god said, let there be light.") and its
+translation given back in capitals: a corpus has few such sentences, and a
+model trained on one otherwise answers with noise ("Y CUENDE DENDENDE LACUE
+LE DE DIDDDDTA."). A request of more than `max_batch_size`
 sentences, or with a sentence of more than `max_input_chars` characters, is
 refused with an `InvalidArgument` error naming the limit, before any
 tokenization or search.
 """
 
 import tensorflow as tf
+
+# A sentence in capitals only: two capital letters or more, no small letter
+# (a script without case has neither, and is left alone).
+ALL_CAPS = r"[^\p{Ll}]*\p{Lu}[^\p{Ll}]*\p{Lu}[^\p{Ll}]*"
 
 
 class RequestText:
@@ -20,12 +29,16 @@ class RequestText:
             an ids-only translator (only `within_batch_limit` then).
         max_batch_size: the most sentences (or id rows) a request may hold.
         max_input_chars: the most characters a request's sentence may have.
+        recase_all_caps: whether sentences in capitals only are tokenized in
+            sentence case (`tokens`) and their translations put back in
+            capitals (`in_source_case`).
     """
 
-    def __init__(self, tokenizer, max_batch_size, max_input_chars):
+    def __init__(self, tokenizer, max_batch_size, max_input_chars, recase_all_caps=False):
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.max_input_chars = max_input_chars
+        self.recase_all_caps = recase_all_caps
 
     def within_batch_limit(self, inputs):
         """`inputs`, once their batch is known to be within `max_batch_size`."""
@@ -49,15 +62,21 @@ class RequestText:
                     f"{self.max_input_chars} characters (a limit set at export). Longest:")
         with tf.control_dependencies([check]):
             text = tf.identity(text)
-        # Sentencepiece would replace invalid bytes too; doing it here makes
-        # the behaviour ours, whatever the tokenizer does.
-        text = tf.strings.unicode_transcode(
-            text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
-        # Runs of whitespace (tabs, newlines, Unicode spaces) become one space,
-        # none at the ends, as in the training text: whitespace-only is empty.
-        text = tf.strings.regex_replace(text, r"[\s\pZ]+", " ")
-        text = tf.strings.regex_replace(text, r"^ | $", "")
+        text = _cleaned(text)
+        if self.recase_all_caps:
+            text = tf.where(_all_caps(text), _sentence_case(text), text)
         return self.tokenizer.tokenize(text)
+
+    def in_source_case(self, text, translations):
+        """`translations` `(B,)` or `(B, K)` of the request's `text` `(B,)`, in
+        capitals where that sentence was in capitals only and the translator
+        recases them."""
+        if not self.recase_all_caps:
+            return translations
+        caps = _all_caps(_cleaned(text))  # (B,)
+        caps = tf.reshape(caps, tf.concat([tf.shape(caps), tf.ones(
+            [tf.rank(translations) - 1], tf.int32)], axis=0))  # (B, 1...) against (B, K)
+        return tf.where(caps, tf.strings.upper(translations, encoding="utf-8"), translations)
 
     def detokenize(self, ids):
         """The text of ids `(B, T)`: strings `(B,)`."""
@@ -66,3 +85,31 @@ class RequestText:
     def pieces(self, ids):
         """Each id's subword piece: strings of the shape of `ids`."""
         return self.tokenizer.id_to_token(ids)
+
+
+def _cleaned(text):
+    """`text` `(B,)` with invalid UTF-8 replaced and whitespace as in the
+    training text."""
+    # Sentencepiece would replace invalid bytes too; doing it here makes the
+    # behaviour ours, whatever the tokenizer does.
+    text = tf.strings.unicode_transcode(
+        text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
+    # Runs of whitespace (tabs, newlines, Unicode spaces) become one space, none
+    # at the ends, as in the training text: whitespace-only is empty.
+    text = tf.strings.regex_replace(text, r"[\s\pZ]+", " ")
+    return tf.strings.regex_replace(text, r"^ | $", "")
+
+
+def _all_caps(text):
+    """bool `(B,)`: which sentences of `text` are in capitals only (`ALL_CAPS`)."""
+    return tf.strings.regex_full_match(text, ALL_CAPS)
+
+
+def _sentence_case(text):
+    """Each sentence of `text` `(B,)` in small letters after its first letter
+    (which keeps its case): "AND GOD SAID." -> "And god said."."""
+    chars = tf.strings.unicode_split(text, "UTF-8")  # (B, None)
+    letters = tf.strings.regex_full_match(chars, r"\pL")
+    after_first = tf.cumsum(tf.cast(letters, tf.int32), axis=1, exclusive=True) > 0
+    chars = tf.where(after_first, tf.strings.lower(chars, encoding="utf-8"), chars)
+    return tf.strings.reduce_join(chars, axis=1)

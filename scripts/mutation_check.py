@@ -263,6 +263,16 @@ MUTANTS = [
            ["tests/data/test_tokenizer.py::test_every_decomposed_character_tokenizes_as_its_nfc",
             "tests/test_serving.py::"
             "test_decomposed_accents_and_a_byte_order_mark_translate_as_plain_text"]),
+    # A sentence in capitals is translated as written (noise), its answer not recased.
+    mutant("all-caps-searched-as-written", "keras_transformer/serving_text.py",
+           "text = tf.where(_all_caps(text), _sentence_case(text), text)", "pass",
+           ["tests/test_serving.py::"
+            "test_sentences_in_capitals_translate_in_sentence_case_and_answer_in_capitals"]),
+    mutant("all-caps-answered-in-small-letters", "keras_transformer/serving_text.py",
+           'return tf.where(caps, tf.strings.upper(translations, encoding="utf-8"), translations)',
+           "return translations",
+           ["tests/test_serving.py::"
+            "test_sentences_in_capitals_translate_in_sentence_case_and_answer_in_capitals"]),
     # The rules know each character's decomposition, not its other spellings.
     mutant("nfc-rules-decomposition-only", "keras_transformer/data/text_normalization.py",
            "for split in range(len(order) + 1):", "for split in range(min(len(order), 0) + 1):",

@@ -127,9 +127,10 @@ def test_c_api_answers_as_the_python_loader(export_path):
     # Bytes through TF_TString both ways: a long (heap) string, one of 22 bytes
     # (the most kept inline), an empty one and invalid UTF-8; and a sentence
     # with decomposed accents, which the vocabulary's rules compose in the
-    # tokenizer op, with nothing but that op loaded.
+    # tokenizer op, with nothing but that op loaded; and one in capitals,
+    # recased by TensorFlow's own string ops.
     composed = "And God saw the light of Jérusalem."
-    texts = np.array([s.encode() for s in SENTENCES[2:]] + [b"", BAD_UTF8] + [
+    texts = np.array([s.encode() for s in SENTENCES[2:]] + [b"", BAD_UTF8, b"AND GOD SAW."] + [
         unicodedata.normalize(form, composed).encode() for form in ("NFD", "NFC")], dtype=object)
     requests.append(("serving_default", {"text": texts}))
     report = run_c_api_client(
@@ -150,8 +151,9 @@ def test_c_api_answers_as_the_python_loader(export_path):
         want = function(**{key: tf.constant(value) for key, value in inputs.items()})
         got = {key: decode(value) for key, value in result.items()}
         assert_outputs_equal(got, {key: value.numpy() for key, value in want.items()}, name)
-    decomposed, precomposed = got["translation"][-2:]  # serving_default's, the last request
+    capitals, decomposed, precomposed = got["translation"][-3:]  # serving_default's, the last
     assert decomposed == precomposed
+    assert capitals == capitals.upper()
 
 
 # TF_Code of a refused request (tensorflow/c/tf_status.h).

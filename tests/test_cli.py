@@ -475,7 +475,7 @@ def test_export_takes_the_decoding_the_run_chose_unless_told(run_dir, tmp_path, 
     def export_translator(translator, out, *args, **kwargs):  # no search traced
         config = translator.config
         exported.append((config.alpha, config.no_repeat_ngram_size,
-                         config.block_adjacent_repeats))
+                         config.block_adjacent_repeats, config.recase_all_caps))
         return os.path.join(out, "1")
 
     monkeypatch.setattr(saved_model, "export_translator", export_translator)
@@ -485,12 +485,15 @@ def test_export_takes_the_decoding_the_run_chose_unless_told(run_dir, tmp_path, 
     outputs = []
     for flags in ((), ("--alpha", "0.7"), ("--no-repeat-ngram-size", "0"),
                   ("--alpha", "0.7", "--no-repeat-ngram-size", "3"),
-                  ("--no-block-adjacent-repeats",), ("--ids-only",)):
+                  ("--no-block-adjacent-repeats",), ("--no-recase-all-caps",),
+                  ("--ids-only",)):
         outputs.append(_main(export, monkeypatch, capsys, "--run", run, "--out",
                              tmp_path / "out", "--beam-sizes", "1", "--beam-size", "1",
                              "--jit-compile", "off", *flags))
-    assert exported == [(1.0, 4, True), (0.7, 4, True), (1.0, 0, True), (0.7, 3, True),
-                        (1.0, 4, False), (1.0, 4, False)]
+    # Sentences in capitals are recased unless told, and an ids-only export has no text.
+    assert exported == [(1.0, 4, True, True), (0.7, 4, True, True), (1.0, 0, True, True),
+                        (0.7, 3, True, True), (1.0, 4, False, True), (1.0, 4, True, False),
+                        (1.0, 4, False, False)]
     assert "an --ids-only export cannot" in outputs[-1]
     assert not any("--ids-only" in output for output in outputs[:-1])
 

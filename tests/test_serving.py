@@ -11,6 +11,7 @@ import tensorflow as tf
 from keras_transformer import decoding
 from keras_transformer import hardware
 from keras_transformer import serving
+from keras_transformer import serving_text
 from keras_transformer.data import BOS_ID, EOS_ID
 from keras_transformer.decoding_config import DecodingConfig
 from tests.translation_fixtures import SENTENCES
@@ -379,6 +380,53 @@ def test_decomposed_accents_and_a_byte_order_mark_translate_as_plain_text(transl
     translations = _strings(outputs["translation"])
     assert translations[0] == translations[1] == translations[2] != ""
     np.testing.assert_allclose(outputs["score"], [outputs["score"][2]] * 3, rtol=1e-6)
+
+
+def test_sentences_in_capitals_translate_in_sentence_case_and_answer_in_capitals(
+        translator, tokenizer):
+    # What the model says to each sentence as written: its ids, searched.
+    def as_written(texts):
+        ids = translator.translate_ids(tokenizer.tokenize(tf.constant(texts)).to_tensor())
+        return _strings(tokenizer.detokenize(ids["ids"])), ids["score"].numpy()
+
+    caps = ["IN THE BEGINNING, GOD CREATED THE HEAVENS.", "  \"WHY?\"  SAID\tGOD ",
+            SENTENCES[1], "NOAH", "I"]
+    cased = ["In the beginning, god created the heavens.", '"Why?" said god',
+             SENTENCES[1], "Noah", "I", "God \ufffd\ufffd said"]
+    caps = [text.encode() for text in caps] + [BAD_UTF8]
+    capitals = [True, True, False, True, False, False]
+    outputs = translator.translate(tf.constant(caps))
+    expected, scores = as_written(cased)
+    expected = [text.upper() if upper else text for text, upper in zip(expected, capitals)]
+    assert _strings(outputs["translation"]) == expected
+    np.testing.assert_allclose(outputs["score"], scores, rtol=1e-5)
+    # Unrecased, the model's answers to the capitals are others.
+    raw, _ = as_written(caps[:2])
+    assert raw != [text.upper() for text in expected[:2]] and raw[0] != expected[0]
+    nbest = translator.translate_nbest(tf.constant(caps[:3]))["translations"]
+    best = _strings(nbest[:, 0])
+    assert best == expected[:3]
+    assert all(text == text.upper() for text in _strings(nbest[:2, 1:]))
+    aligned = translator.translate_aligned(tf.constant(caps[:3]))
+    assert _strings(aligned["translation"]) == expected[:3]
+    # Scoring recases source and target alike: a pair in capitals scores as in sentence case.
+    scored = translator.score(tf.constant(caps[:1]), tf.constant(["EN EL PRINCIPIO."]))
+    reference = translator.score(tf.constant(cased[:1]), tf.constant(["En el principio."]))
+    np.testing.assert_allclose(scored["log_prob"], reference["log_prob"], rtol=1e-5)
+
+
+def test_sentence_case_and_capitals_equal_python_string_methods():
+    texts = ["AND GOD SAID, LET THERE BE LIGHT.", "«ÉTÉ À L'ÎLE», DIT-IL", "NASA", "42 B.C.",
+             "I", "Jesus wept.", "东京 TOKYO", "東京", "ΑΘΗΝΑ Ω", "", "ǅ", "1 2 3", "ÀB"]
+    caps = serving_text._all_caps(tf.constant(texts)).numpy().tolist()
+    cased = _strings(serving_text._sentence_case(tf.constant(texts)))
+    for text, is_caps, sentence in zip(texts, caps, cased):
+        letters = [c for c in text if c.isalpha()]
+        cased_letters = [c for c in letters if c.upper() != c.lower()]
+        assert is_caps == (len([c for c in letters if c.isupper()]) >= 2
+                           and not any(c.islower() for c in cased_letters)), text
+        first = next((i for i, c in enumerate(text) if c.isalpha()), len(text))
+        assert sentence == text[:first + 1] + text[first + 1:].lower(), text
 
 
 def test_long_input_is_truncated(translator, tokenizer):
