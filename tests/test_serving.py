@@ -497,7 +497,8 @@ def test_the_config_is_taken_whole_and_recorded(model, tokenizer, translator):
         config, extra_length=3, max_input_length=model.config.max_positions,
         max_output_length=model.config.max_positions + 3, precision=model.precision,
         transposed_kernels=hardware.decoding_transposed_kernels(),
-        parallel_searches=hardware.decoding_parallel_searches(False))
+        parallel_searches=hardware.decoding_parallel_searches(False),
+        recase_all_caps=False)  # ids-only: no text to recase
     assert DecodingConfig.from_dict(configured.settings()) == configured.config
     assert DecodingConfig.from_dict(translator.settings()) == translator.config
     assert translator.settings()["jit_compile"] is False
