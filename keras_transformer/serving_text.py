@@ -3,7 +3,8 @@ text, subword tokenization, and back to text.
 
 Bad input is answered, not crashed on: runs of whitespace (tabs, newlines,
 Unicode spaces) become one space, ends stripped, as in the training text;
-invalid UTF-8 bytes become U+FFFD. A sentence written in capitals only ("AND
+invalid UTF-8 bytes become U+FFFD; characters that show nothing (`INVISIBLE`:
+controls, zero-width spaces, direction marks, soft hyphens) are dropped. A sentence written in capitals only ("AND
 GOD SAID, LET THERE BE LIGHT.") is, where the translator recases them,
 translated in sentence case ("And god said, let there be light.") and its
 translation given back in capitals: a corpus has few such sentences, and a
@@ -15,6 +16,20 @@ tokenization or search.
 """
 
 import tensorflow as tf
+
+# Characters that show nothing and mean nothing to a translation: control
+# characters (but whitespace), the soft hyphen, zero-width space, word joiner
+# and invisible operators, direction marks, embeddings, overrides and isolates,
+# and the byte order mark. Web pages and documents carry them into copied text
+# ("And\u200b God\u200b said" read as other words). The zero-width joiner
+# and non-joiner stay: Persian, Indic scripts and emoji spell with them.
+INVISIBLE = (r"[\x00-\x08\x0E-\x1B\x7F-\x84\x86-\x9F\x{AD}\x{61C}\x{180E}\x{200B}"
+             r"\x{200E}\x{200F}\x{202A}-\x{202E}\x{2060}-\x{2064}\x{2066}-\x{206F}"
+             r"\x{FEFF}]")
+# Whitespace, as Python's str.isspace has it: RE2's \s (tab, newline, form
+# feed, carriage return, space), Unicode's separators, the vertical tab, the
+# information separators and the next-line character.
+WHITESPACE = r"[\s\pZ\x0B\x1C-\x1F\x{85}]+"
 
 # A sentence in capitals only: two capital letters or more, no small letter
 # (a script without case has neither, and is left alone).
@@ -88,15 +103,16 @@ class RequestText:
 
 
 def _cleaned(text):
-    """`text` `(B,)` with invalid UTF-8 replaced and whitespace as in the
-    training text."""
+    """`text` `(B,)` with invalid UTF-8 replaced, `INVISIBLE` characters
+    dropped and whitespace as in the training text."""
     # Sentencepiece would replace invalid bytes too; doing it here makes the
     # behaviour ours, whatever the tokenizer does.
     text = tf.strings.unicode_transcode(
         text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
+    text = tf.strings.regex_replace(text, INVISIBLE, "")
     # Runs of whitespace (tabs, newlines, Unicode spaces) become one space, none
     # at the ends, as in the training text: whitespace-only is empty.
-    text = tf.strings.regex_replace(text, r"[\s\pZ]+", " ")
+    text = tf.strings.regex_replace(text, WHITESPACE, " ")
     return tf.strings.regex_replace(text, r"^ | $", "")
 
 

@@ -262,7 +262,7 @@ MUTANTS = [
            "normalization_rule_name=NFC,", 'normalization_rule_name="identity",',
            ["tests/data/test_tokenizer.py::test_every_decomposed_character_tokenizes_as_its_nfc",
             "tests/test_serving.py::"
-            "test_decomposed_accents_and_a_byte_order_mark_translate_as_plain_text"]),
+            "test_decomposed_accents_and_invisible_characters_translate_as_plain_text"]),
     # A sentence in capitals is translated as written (noise), its answer not recased.
     mutant("all-caps-searched-as-written", "keras_transformer/serving_text.py",
            "text = tf.where(_all_caps(text), _sentence_case(text), text)", "pass",
@@ -273,6 +273,13 @@ MUTANTS = [
            "return translations",
            ["tests/test_serving.py::"
             "test_sentences_in_capitals_translate_in_sentence_case_and_answer_in_capitals"]),
+    # Zero-width spaces and direction marks reach the tokenizer.
+    mutant("invisible-characters-kept", "keras_transformer/serving_text.py",
+           "text = tf.strings.regex_replace(text, INVISIBLE, \"\")", "pass",
+           ["tests/test_serving.py::"
+            "test_decomposed_accents_and_invisible_characters_translate_as_plain_text",
+            "tests/test_serving.py::"
+            "test_invisible_characters_are_dropped_and_whitespace_is_one_space"]),
     # The rules know each character's decomposition, not its other spellings.
     mutant("nfc-rules-decomposition-only", "keras_transformer/data/text_normalization.py",
            "for split in range(len(order) + 1):", "for split in range(min(len(order), 0) + 1):",

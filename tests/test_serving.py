@@ -370,16 +370,19 @@ def test_invalid_utf8_is_replaced(translator):
     np.testing.assert_allclose(outputs["score"][0], outputs["score"][1], rtol=1e-6)
 
 
-def test_decomposed_accents_and_a_byte_order_mark_translate_as_plain_text(translator):
+def test_decomposed_accents_and_invisible_characters_translate_as_plain_text(translator):
     # "Jérusalem" with e + U+0301 (as macOS writes it), and a file's byte order
     # mark: the vocabulary's NFC rules make both the plain sentence.
     plain = "And God said to Jérusalem, Let there be light."
-    written = [unicodedata.normalize("NFD", plain), "\ufeff" + plain, plain]
+    # And text copied from a web page: zero-width spaces, a soft hyphen, a
+    # direction mark.
+    copied = "\u200fAnd\u200b God said to Jéru\u00adsalem,\u200b Let there be light."
+    written = [unicodedata.normalize("NFD", plain), "\ufeff" + plain, copied, plain]
     assert written[0] != plain
     outputs = translator.translate(tf.constant(written))
     translations = _strings(outputs["translation"])
-    assert translations[0] == translations[1] == translations[2] != ""
-    np.testing.assert_allclose(outputs["score"], [outputs["score"][2]] * 3, rtol=1e-6)
+    assert translations[:3] == [translations[3]] * 3 and translations[3] != ""
+    np.testing.assert_allclose(outputs["score"], [outputs["score"][3]] * 4, rtol=1e-6)
 
 
 def test_sentences_in_capitals_translate_in_sentence_case_and_answer_in_capitals(
@@ -427,6 +430,33 @@ def test_sentence_case_and_capitals_equal_python_string_methods():
                            and not any(c.islower() for c in cased_letters)), text
         first = next((i for i, c in enumerate(text) if c.isalpha()), len(text))
         assert sentence == text[:first + 1] + text[first + 1:].lower(), text
+
+
+def test_invisible_characters_are_dropped_and_whitespace_is_one_space():
+    """Every control and format character, and every whitespace character
+    (Python's `str.isspace`), between two letters: whitespace gives one space,
+    control characters and the invisible format characters vanish, and the
+    format characters that spell (zero-width joiners, Arabic number signs,
+    emoji tags) stay."""
+    spelling = {"\u200c", "\u200d"}
+    characters = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000
+                  and (unicodedata.category(chr(c)) in ("Cc", "Cf") or chr(c).isspace())]
+    texts = [f"a{c}b" for c in characters] + ["  x \u200b\t\u00ad y\x00  ", "\u200e\ufeff"]
+    cleaned = _strings(serving_text._cleaned(tf.constant(texts)))
+    dropped = set()
+    for char, text in zip(characters, cleaned):
+        if char.isspace():
+            assert text == "a b", repr(char)
+        elif unicodedata.category(char) == "Cc":
+            assert text == "ab", repr(char)
+        elif text == "ab":
+            dropped.add(char)
+        else:
+            assert text == f"a{char}b", repr(char)
+    assert cleaned[-2:] == ["x y", ""]
+    assert {"\u00ad", "\u200b", "\u200e", "\u200f", "\u202e", "\u2060", "\u2066",
+            "\ufeff"} <= dropped
+    assert not dropped & spelling and {"\u0600", "\U000e0067"}.isdisjoint(dropped)
 
 
 def test_long_input_is_truncated(translator, tokenizer):
