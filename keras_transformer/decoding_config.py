@@ -92,11 +92,14 @@ class DecodingConfig:
             the bundled corpus's references); a name's repeated piece inside a
             word is left alone. Needs the tokenizer (not --ids-only). False,
             the paper's search, blocks nothing.
-        recase_all_caps: a sentence in capitals only ("AND GOD SAID") is
+        recase_capitals: a sentence in capitals only ("AND GOD SAID") is
             translated in sentence case ("And god said") and its translation
-            given back in capitals, instead of the noise a model that has seen
-            few such sentences makes of one. Text signatures only (an ids-only
-            translator has no text: False there).
+            given back in capitals, and one in Title Case ("And God Said
+            Unto Moses": four words or more that start with a capital, none
+            with a small letter) with its first word's capital only,
+            instead of the noise a model that has seen few such sentences makes
+            of them. Text signatures only (an ids-only translator has no text:
+            False there).
         beam_sizes: beam sizes callers may ask for (one program each).
         max_input_length: longer inputs are truncated (default: the model's
             max_positions).
@@ -144,7 +147,7 @@ class DecodingConfig:
     extra_length: int = PAPER_EXTRA_LENGTH
     no_repeat_ngram_size: int = 0
     block_adjacent_repeats: bool = False
-    recase_all_caps: bool = True
+    recase_capitals: bool = True
     beam_sizes: tuple = dataclasses.field(
         default=DEFAULT_BEAM_SIZES, metadata={"parse": comma_separated_ints})
     max_input_length: int | None = None
@@ -181,7 +184,7 @@ class DecodingConfig:
                  isinstance(self.no_repeat_ngram_size, int)
                  and not isinstance(self.no_repeat_ngram_size, bool)
                  and self.no_repeat_ngram_size >= 0, "must be an int >= 0 (0 blocks nothing)")
-        for name in ("block_adjacent_repeats", "recase_all_caps"):
+        for name in ("block_adjacent_repeats", "recase_capitals"):
             _require(name, getattr(self, name), isinstance(getattr(self, name), bool),
                      "must be True or False")
         for name in ("max_input_length", "max_output_length", "xla_max_batch_size",

@@ -138,7 +138,7 @@ class Translator(tf.Module):
         self.config = config
         self.shapes = serving_shapes.RequestShapes(config)
         self.text = serving_text.RequestText(tokenizer, config.max_batch_size,
-                                             config.max_input_chars, config.recase_all_caps)
+                                             config.max_input_chars, config.recase_capitals)
         # In the layout the logits' product reads fastest; made once per
         # translator, not per search (`benchmarks/serving_latency.py`).
         dtype = model.embedding.compute_dtype
@@ -348,7 +348,7 @@ def _for_model(config, model_config, tokenizer):
         raise ValueError("Translator: block_adjacent_repeats needs the tokenizer, which says "
                          "which pieces start a word; an ids-only translator cannot block them")
     if tokenizer is None:  # no text to recase
-        config = dataclasses.replace(config, recase_all_caps=False)
+        config = dataclasses.replace(config, recase_capitals=False)
     if tokenizer is not None and tokenizer.vocab_size != model_config.vocab_size:
         raise ValueError(
             f"Translator: the tokenizer has {tokenizer.vocab_size} ids but the model "

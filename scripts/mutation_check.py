@@ -265,7 +265,12 @@ MUTANTS = [
             "test_decomposed_accents_and_invisible_characters_translate_as_plain_text"]),
     # A sentence in capitals is translated as written (noise), its answer not recased.
     mutant("all-caps-searched-as-written", "keras_transformer/serving_text.py",
-           "text = tf.where(_all_caps(text), _sentence_case(text), text)", "pass",
+           "text = tf.where(_all_caps(text), _sentence_case(text),",
+           "text = tf.where(_all_caps(text), text,",
+           ["tests/test_serving.py::"
+            "test_sentences_in_capitals_translate_in_sentence_case_and_answer_in_capitals"]),
+    mutant("title-case-searched-as-written", "keras_transformer/serving_text.py",
+           "tf.where(_title_case(text), _untitled(text), text))", "text)",
            ["tests/test_serving.py::"
             "test_sentences_in_capitals_translate_in_sentence_case_and_answer_in_capitals"]),
     mutant("all-caps-answered-in-small-letters", "keras_transformer/serving_text.py",

@@ -475,7 +475,7 @@ def test_export_takes_the_decoding_the_run_chose_unless_told(run_dir, tmp_path, 
     def export_translator(translator, out, *args, **kwargs):  # no search traced
         config = translator.config
         exported.append((config.alpha, config.no_repeat_ngram_size,
-                         config.block_adjacent_repeats, config.recase_all_caps))
+                         config.block_adjacent_repeats, config.recase_capitals))
         return os.path.join(out, "1")
 
     monkeypatch.setattr(saved_model, "export_translator", export_translator)
@@ -485,7 +485,7 @@ def test_export_takes_the_decoding_the_run_chose_unless_told(run_dir, tmp_path, 
     outputs = []
     for flags in ((), ("--alpha", "0.7"), ("--no-repeat-ngram-size", "0"),
                   ("--alpha", "0.7", "--no-repeat-ngram-size", "3"),
-                  ("--no-block-adjacent-repeats",), ("--no-recase-all-caps",),
+                  ("--no-block-adjacent-repeats",), ("--no-recase-capitals",),
                   ("--ids-only",)):
         outputs.append(_main(export, monkeypatch, capsys, "--run", run, "--out",
                              tmp_path / "out", "--beam-sizes", "1", "--beam-size", "1",

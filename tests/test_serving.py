@@ -393,11 +393,11 @@ def test_sentences_in_capitals_translate_in_sentence_case_and_answer_in_capitals
         return _strings(tokenizer.detokenize(ids["ids"])), ids["score"].numpy()
 
     caps = ["IN THE BEGINNING, GOD CREATED THE HEAVENS.", "  \"WHY?\"  SAID\tGOD ",
-            SENTENCES[1], "NOAH", "I"]
+            SENTENCES[1], "NOAH", "I", "In The Beginning God Created"]
     cased = ["In the beginning, god created the heavens.", '"Why?" said god',
-             SENTENCES[1], "Noah", "I", "God \ufffd\ufffd said"]
+             SENTENCES[1], "Noah", "I", "In the beginning god created", "God \ufffd\ufffd said"]
     caps = [text.encode() for text in caps] + [BAD_UTF8]
-    capitals = [True, True, False, True, False, False]
+    capitals = [True, True, False, True, False, False, False]  # answered in capitals
     outputs = translator.translate(tf.constant(caps))
     expected, scores = as_written(cased)
     expected = [text.upper() if upper else text for text, upper in zip(expected, capitals)]
@@ -416,6 +416,25 @@ def test_sentences_in_capitals_translate_in_sentence_case_and_answer_in_capitals
     scored = translator.score(tf.constant(caps[:1]), tf.constant(["EN EL PRINCIPIO."]))
     reference = translator.score(tf.constant(cased[:1]), tf.constant(["En el principio."]))
     np.testing.assert_allclose(scored["log_prob"], reference["log_prob"], rtol=1e-5)
+
+
+def test_title_case_equals_python_string_methods():
+    texts = ["And God Said, Let There Be Light.", "Jesus Wept.", "The Lord of the Rings",
+             "“Don’t Be Afraid, Abram”", "AND GOD SAID", "Él Dijo: Así Sea", "1 Kings 2 Kings 3",
+             "Ωμέγα Άλφα Βήτα Γάμμα", "東京 Tokyo Osaka Kyoto", "", "In  The   Beginning  God",
+             "Hadoram, Uzal, Diklah,"]
+    texts = _strings(serving_text._cleaned(tf.constant(texts)))
+    title = serving_text._title_case(tf.constant(texts)).numpy().tolist()
+    untitled = _strings(serving_text._untitled(tf.constant(texts)))
+    for text, is_title, sentence in zip(texts, title, untitled):
+        words = text.split(" ")
+        assert is_title == (sum(word[:1].isupper() for word in words) >= 4
+                            and not any(word[:1].islower() for word in words)
+                            and any(c.islower() for c in text)), text
+        assert sentence == " ".join(
+            [words[0]] + [word[:1].lower() + word[1:] for word in words[1:]]), text
+    assert title == [True, False, False, False, False, True, False, True, False, False, True,
+                     False]
 
 
 def test_sentence_case_and_capitals_equal_python_string_methods():
@@ -528,7 +547,7 @@ def test_the_config_is_taken_whole_and_recorded(model, tokenizer, translator):
         max_output_length=model.config.max_positions + 3, precision=model.precision,
         transposed_kernels=hardware.decoding_transposed_kernels(),
         parallel_searches=hardware.decoding_parallel_searches(False),
-        recase_all_caps=False)  # ids-only: no text to recase
+        recase_capitals=False)  # ids-only: no text to recase
     assert DecodingConfig.from_dict(configured.settings()) == configured.config
     assert DecodingConfig.from_dict(translator.settings()) == translator.config
     assert translator.settings()["jit_compile"] is False

@@ -31,7 +31,7 @@ from keras_transformer.decoding_config import REQUEST_SETTINGS
 # How messages name the command (the clone's export.py passes its own name).
 PROG = "keras-transformer export"
 # The `DecodingConfig` fields an export takes as flags (--beam-size, ...).
-DECODING_FLAGS = (*REQUEST_SETTINGS, "block_adjacent_repeats", "recase_all_caps",
+DECODING_FLAGS = (*REQUEST_SETTINGS, "block_adjacent_repeats", "recase_capitals",
                   "beam_sizes", "max_input_length", "max_batch_size",
                   "max_input_chars", "jit_compile", "xla_max_batch_size", "precision",
                   "parallel_searches")
