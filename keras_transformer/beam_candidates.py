@@ -131,6 +131,23 @@ def if_blocking(size, blocking, plain):
     return tf.cond(size > 0, blocking, plain)
 
 
+def with_repeats_blocked(use_mask, ids, step, vocab_size, size, word_starts):
+    """`use_mask(mask)` with the mask `(N, V)` of the tokens that would repeat
+    an n-gram of `size` (when > 0) or a run of words right after itself (when
+    `word_starts` is given), in one scatter; `use_mask(None)` when neither
+    blocks. `size` may be a request's tensor (`if_blocking`)."""
+    # The tokens that would repeat a run of words right after itself, if blocked.
+    adjacent = [] if word_starts is None else [adjacent_repeats(ids, step, word_starts)]
+
+    def blocking():  # and those that would repeat an n-gram
+        return use_mask(blocked_mask(vocab_size, repeated_ngrams(ids, step, size), *adjacent))
+
+    def plain():
+        return use_mask(blocked_mask(vocab_size, *adjacent) if adjacent else None)
+
+    return if_blocking(size, blocking, plain)
+
+
 def best_extensions(logits, alive_log_probs, k, block_size, mask=None):
     """The k best one-token extensions of the live hypotheses of each example.
 

@@ -153,20 +153,8 @@ def extend(search, symbols_to_logits_fn, state):
         return beam_candidates.best_extensions(
             logits, state.alive_log_probs, search.num_candidates, search.block_size, mask)
 
-    # The tokens that would repeat a run of words right after itself, if blocked.
-    adjacent = [] if search.word_starts is None else [
-        beam_candidates.adjacent_repeats(flat_ids, state.step, search.word_starts)]
-
-    def blocking():  # and those that would repeat an n-gram: one mask of both
-        return candidates(beam_candidates.blocked_mask(
-            vocab_size, beam_candidates.repeated_ngrams(flat_ids, state.step, size), *adjacent))
-
-    def plain():
-        return candidates(beam_candidates.blocked_mask(vocab_size, *adjacent)
-                          if adjacent else None)
-
-    candidate_log_probs, flat_indices = beam_candidates.if_blocking(
-        size, blocking, plain)  # (B, C), (B, C)
+    candidate_log_probs, flat_indices = beam_candidates.with_repeats_blocked(
+        candidates, flat_ids, state.step, vocab_size, size, search.word_starts)  # (B, C), (B, C)
     parents = flat_indices // vocab_size  # (B, C) beam each extends
     tokens = flat_indices % vocab_size  # (B, C)
     length = state.step + 1  # of every candidate

@@ -150,21 +150,9 @@ def greedy_search(
         logits, cache = symbols_to_logits_fn(state.ids, state.step, state.cache)
         cache = search_arguments.same_shapes(cache, state.cache)
         log_probs = _log_probs(logits, vocab_size=None)  # (B, V)
-        vocab_size = log_probs.shape[-1]
-        # The tokens that would repeat a run of words right after itself, if blocked.
-        adjacent = [] if word_starts is None else [
-            beam_candidates.adjacent_repeats(state.ids, state.step, word_starts)]
-
-        def blocking():  # and those that would repeat an n-gram: one mask of both
-            return log_probs + beam_candidates.blocked_mask(vocab_size, *adjacent, (
-                beam_candidates.repeated_ngrams(state.ids, state.step, no_repeat_ngram_size)))
-
-        def plain():
-            if not adjacent:
-                return log_probs
-            return log_probs + beam_candidates.blocked_mask(vocab_size, *adjacent)
-
-        log_probs = beam_candidates.if_blocking(no_repeat_ngram_size, blocking, plain)
+        log_probs = beam_candidates.with_repeats_blocked(
+            lambda mask: log_probs if mask is None else log_probs + mask,
+            state.ids, state.step, log_probs.shape[-1], no_repeat_ngram_size, word_starts)
         if not (allow_empty or ignore_eos):
             is_eos = tf.range(tf.shape(log_probs)[-1]) == eos_id  # (V,)
             log_probs = tf.where(tf.logical_and(state.step == 0, is_eos), float("-inf"),

@@ -4,12 +4,12 @@ text, subword tokenization, and back to text.
 Bad input is answered, not crashed on: runs of whitespace (tabs, newlines,
 Unicode spaces) become one space, ends stripped, as in the training text;
 invalid UTF-8 bytes become U+FFFD; characters that show nothing (`INVISIBLE`:
-controls, zero-width spaces, direction marks, soft hyphens) are dropped. Where the translator recases
-capitals, a sentence written in capitals only ("AND GOD SAID, LET THERE BE
-LIGHT.") is translated in sentence case ("And god said, let there be light.")
-and its translation given back in capitals, and one in Title Case ("And God
-Said, Let There Be Light.", four words or more that start with a capital, none
-with a small letter) is translated with only its first word's
+controls, zero-width spaces, direction marks, soft hyphens) are dropped. Where
+the translator recases capitals, a sentence written in capitals only ("AND GOD
+SAID, LET THERE BE LIGHT.") is translated in sentence case ("And god said, let
+there be light.") and its translation given back in capitals, and one in Title
+Case ("And God Said, Let There Be Light.", four words or more that start with a
+capital, none with a small letter) is translated with only its first word's
 capital kept ("And god said, let there be light."): a corpus has few such
 sentences, and a model trained on one otherwise answers with noise ("Y CUENDE
 DENDENDE LACUE LE DE DIDDDDTA."). A request of more than `max_batch_size`
@@ -131,11 +131,12 @@ def _all_caps(text):
 
 
 def _words(text):
-    """The space-separated words of `text` `(B,)`, and whether each starts with
-    a capital, and with a small letter: `(B, None)` each."""
+    """The space-separated words of `text` `(B,)`, their first characters, and
+    whether each starts with a capital, and with a small letter: `(B, None)`
+    each."""
     words = tf.strings.split(text, " ")
     first = _first_char(words)
-    return (words, tf.strings.regex_full_match(first, r"\p{Lu}"),
+    return (words, first, tf.strings.regex_full_match(first, r"\p{Lu}"),
             tf.strings.regex_full_match(first, r"\p{Ll}"))
 
 
@@ -148,7 +149,7 @@ def _title_case(text):
     """bool `(B,)`: which sentences of `text` are in Title Case:
     `TITLE_CASE_WORDS` words or more that start with a capital, none with a
     small letter, a small letter somewhere (not in capitals only)."""
-    _, capital, small = _words(text)
+    _, _, capital, small = _words(text)
     return ((tf.reduce_sum(tf.cast(capital, tf.int32), axis=1) >= TITLE_CASE_WORDS)
             & ~tf.reduce_any(small, axis=1)
             & tf.strings.regex_full_match(text, r".*\p{Ll}.*"))
@@ -157,9 +158,8 @@ def _title_case(text):
 def _untitled(text):
     """Each sentence of `text` `(B,)` with the first letter of every word after
     the first in small letters: "And God Said." -> "And god said."."""
-    words, capital, _ = _words(text)
-    later = tf.ones_like(capital) & (tf.ragged.range(words.row_lengths()) > 0)
-    first = _first_char(words)
+    words, first, capital, _ = _words(text)
+    later = tf.ragged.range(words.row_lengths()) > 0  # (B, None): not the first word
     rest = tf.strings.regex_replace(words, r"^(?s).", "", replace_global=False)
     first = tf.where(capital & later, tf.strings.lower(first, encoding="utf-8"), first)
     return tf.strings.reduce_join(first + rest, axis=1, separator=" ")
