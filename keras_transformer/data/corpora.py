@@ -124,7 +124,8 @@ def read_aligned_files(source_path, target_path):
     # Batched, so that the dict is built once per block of lines, not per line.
     dataset = tf.data.Dataset.zip(
         (_text_lines(source_path).batch(_BLOCK), _text_lines(target_path).batch(_BLOCK))
-    ).map(lambda source, target: {"source": source, "target": target}).unbatch()
+    ).map(lambda source, target: {"source": _without_bom(source),
+                                  "target": _without_bom(target)}).unbatch()
     return dataset.apply(tf.data.experimental.assert_cardinality(num_source))
 
 
@@ -134,7 +135,7 @@ def read_tsv_file(path):
     _check_not_empty(num_lines, path)
 
     def split_columns(lines):
-        columns = tf.strings.split(lines, "\t").to_tensor()  # (n, 2)
+        columns = tf.strings.split(_without_bom(lines), "\t").to_tensor()  # (n, 2)
         return {"source": columns[:, 0], "target": columns[:, 1]}
 
     dataset = _text_lines(path).batch(_BLOCK).map(split_columns).unbatch()
@@ -331,6 +332,12 @@ def _map_blocks(dataset, function):
     if cardinality >= 0:
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(cardinality))
     return dataset
+
+
+def _without_bom(lines):
+    """`lines` without the byte order mark that editors on Windows put at a
+    file's start (and that would otherwise be part of its first sentence)."""
+    return tf.strings.regex_replace(lines, "^\ufeff", "", replace_global=False)
 
 
 def _text_lines(path):

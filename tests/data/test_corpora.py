@@ -77,11 +77,14 @@ def test_aligned_files_plain_and_gzip(tmp_path):
     ]
 
 
-def test_windows_line_ends_are_dropped(tmp_path):
-    source = write(tmp_path / "a.src", "one\r\ntwo\r\n")
-    target = write(tmp_path / "a.tgt", "eins\r\nzwei\r\n")
-    assert as_pairs(data.load_parallel((source, target))) == [("one", "eins"), ("two", "zwei")]
-    tsv = write(tmp_path / "a.tsv", "one\teins\r\ntwo\tzwei\r\n")
+def test_windows_line_ends_and_byte_order_marks_are_dropped(tmp_path):
+    # Notepad's UTF-8 starts a file with a byte order mark (U+FEFF): not part of
+    # the first sentence, which a reference file would otherwise score lower.
+    source = write(tmp_path / "a.src", "\ufeffone\r\ntwo\r\n")
+    target = write(tmp_path / "a.tgt", "\ufeffeins\r\nzwei \ufeff\r\n")
+    assert as_pairs(data.load_parallel((source, target))) == [
+        ("one", "eins"), ("two", "zwei \ufeff")]  # only a line's first character
+    tsv = write(tmp_path / "a.tsv.gz", "\ufeffone\teins\r\ntwo\tzwei\r\n", compress=True)
     assert as_pairs(data.load_parallel(tsv)) == [("one", "eins"), ("two", "zwei")]
 
 
