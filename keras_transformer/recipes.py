@@ -49,8 +49,8 @@ class Recipe:
     min_updates: int
 
     def describe(self):
-        return (f"a {self.vocab_size}-token vocabulary, {self.tokens_per_batch}-token "
-                f"batches, dropout {self.dropout_rate:g}")
+        return (f"a vocabulary of {self.vocab_size} tokens, batches of "
+                f"{self.tokens_per_batch} tokens, dropout {self.dropout_rate:g}")
 
 
 # Best first: each is taken when the budget affords it `min_updates`. A run of a

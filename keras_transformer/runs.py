@@ -232,7 +232,7 @@ class Run:
             durable.write_atomically(
                 self.vocab_dir, lambda temporary: shutil.copytree(source_vocab, temporary))
         elif chief and not os.path.exists(self.vocab_dir):
-            print(f"Training a {config.vocab_size}-token shared vocabulary...", flush=True)
+            print(f"Training a shared vocabulary of {config.vocab_size} tokens...", flush=True)
             tokenizer = SubwordTokenizer.train(pairs, vocab_size=config.vocab_size,
                                                max_sentences=config.vocab_sentences,
                                                seed=config.seed)

@@ -329,8 +329,9 @@ def test_a_slow_cpu_gets_the_small_recipe_and_the_breakdown(tmp_path, monkeypatc
     model = TransformerConfig.preset("tiny", vocab_size=8000)
     updates = [recipes.estimated_updates(model, recipe, 24, slow) for recipe in (big, small)]
     assert (f"Recipe for 0.4 minutes on this CPU (float32 matrix multiplies at 5 GFLOP/s): "
-            f"a 4000-token vocabulary, 2048-token batches, dropout 0, about {updates[1]} "
-            f"updates; a 8000-token vocabulary, 4096-token batches, dropout 0.1 would get "
+            f"a vocabulary of 4000 tokens, batches of 2048 tokens, dropout 0, about "
+            f"{updates[1]} updates; a vocabulary of 8000 tokens, batches of 4096 tokens, "
+            f"dropout 0.1 would get "
             f"about {updates[0]}, fewer than the {big.min_updates} it needs.") in out
     with open(os.path.join(run, "config.json")) as f:
         config = json.load(f)

@@ -416,8 +416,8 @@ def plan_budget(model, schedule, train_batches, clock, config, explicit, max_ste
     rest (`budget.plan_run`)."""
     from keras_transformer import budget
 
-    print(f"Timing the first {budget.CALIBRATION_STEPS} steps to plan a {config.time_budget:g}"
-          f"-minute ({config.time_budget_clock} clock) run...", flush=True)
+    print(f"Timing the first {budget.CALIBRATION_STEPS} steps to plan the run's "
+          f"{config.time_budget:g} minutes ({config.time_budget_clock} clock)...", flush=True)
     config, step = budget.plan_run(model, schedule, train_batches.dataset(0), clock, config,
                                    explicit, max_steps)
     print(f"Planned about {config.steps} steps: a checkpoint every "
