@@ -92,13 +92,14 @@ class DecodingConfig:
             the bundled corpus's references); a name's repeated piece inside a
             word is left alone. Needs the tokenizer (not --ids-only). False,
             the paper's search, blocks nothing.
-        recase_capitals: a sentence in capitals only ("AND GOD SAID") is
-            translated in sentence case ("And god said") and its translation
-            given back in capitals, and one in Title Case ("And God Said
-            Unto Moses": four words or more that start with a capital, none
-            with a small letter) with its first word's capital only,
-            instead of the noise a model that has seen few such sentences makes
-            of them. Text signatures only (an ids-only translator has no text:
+        recase_capitals: a sentence in small letters only ("and god said"),
+            in capitals only ("AND GOD SAID", its translation given back in
+            capitals) or in Title Case ("And God Said Unto Moses": four words
+            or more that start with a capital, none with a small letter) is
+            translated with the capitals the training text gives its words
+            ("And God said unto Moses", the vocabulary's `Casing`), instead
+            of the noise a model that has seen few such sentences makes of
+            them. Text signatures only (an ids-only translator has no text:
             False there).
         beam_sizes: beam sizes callers may ask for (one program each).
         max_input_length: longer inputs are truncated (default: the model's

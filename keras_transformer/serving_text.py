@@ -4,15 +4,17 @@ text, subword tokenization, and back to text.
 Bad input is answered, not crashed on: runs of whitespace (tabs, newlines,
 Unicode spaces) become one space, ends stripped, as in the training text;
 invalid UTF-8 bytes become U+FFFD; characters that show nothing (`INVISIBLE`:
-controls, zero-width spaces, direction marks, soft hyphens) are dropped. Where
-the translator recases capitals, a sentence written in capitals only ("AND GOD
-SAID, LET THERE BE LIGHT.") is translated in sentence case ("And god said, let
-there be light.") and its translation given back in capitals, and one in Title
-Case ("And God Said, Let There Be Light.", four words or more that start with a
-capital, none with a small letter) is translated with only its first word's
-capital kept ("And god said, let there be light."): a corpus has few such
-sentences, and a model trained on one otherwise answers with noise ("Y CUENDE
-DENDENDE LACUE LE DE DIDDDDTA."). A request of more than `max_batch_size`
+controls, zero-width spaces, direction marks, soft hyphens) are dropped.
+
+Where the translator recases capitals, a sentence whose capitals say nothing of
+its words is translated with the capitals the training text gives them (the
+tokenizer's `Casing`): one in small letters only ("and god said, let there be
+light."), one in capitals only ("AND GOD SAID, LET THERE BE LIGHT.", its
+translation given back in capitals), and one in Title Case ("And God Said, Let
+There Be Light.": four words or more that start with a capital, none with a
+small letter) are all translated as "And God said, let there be light.". A
+corpus has few such sentences, and a model trained on one otherwise answers
+with noise ("Y CUENDE DENDENDE LACUE LE DE DIDDDDTA."). A request of more than `max_batch_size`
 sentences, or with a sentence of more than `max_input_chars` characters, is
 refused with an `InvalidArgument` error naming the limit, before any
 tokenization or search.
@@ -42,6 +44,8 @@ TITLE_CASE_WORDS = 4
 # A sentence in capitals only: two capital letters or more, no small letter
 # (a script without case has neither, and is left alone).
 ALL_CAPS = r"[^\p{Ll}]*\p{Lu}[^\p{Ll}]*\p{Lu}[^\p{Ll}]*"
+# A sentence in small letters only: one small letter or more, no capital.
+SMALL_LETTERS = r"[^\p{Lu}\p{Lt}]*\p{Ll}[^\p{Lu}\p{Lt}]*"
 
 
 class RequestText:
@@ -52,9 +56,10 @@ class RequestText:
             an ids-only translator (only `within_batch_limit` then).
         max_batch_size: the most sentences (or id rows) a request may hold.
         max_input_chars: the most characters a request's sentence may have.
-        recase_capitals: whether sentences in capitals only or in Title Case
-            are tokenized in sentence case (`tokens`), and the translations of
-            those in capitals put back in capitals (`in_source_case`).
+        recase_capitals: whether sentences in small letters only, in capitals
+            only or in Title Case are tokenized with their words' usual capitals
+            (`tokens`, the tokenizer's `Casing`), and the translations of those
+            in capitals put back in capitals (`in_source_case`).
     """
 
     def __init__(self, tokenizer, max_batch_size, max_input_chars, recase_capitals=False):
@@ -87,8 +92,9 @@ class RequestText:
             text = tf.identity(text)
         text = _cleaned(text)
         if self.recase_capitals:
-            text = tf.where(_all_caps(text), _sentence_case(text),
-                            tf.where(_title_case(text), _untitled(text), text))
+            uninformative = (_all_caps(text) | _title_case(text)
+                             | tf.strings.regex_full_match(text, SMALL_LETTERS))
+            text = tf.where(uninformative, self.tokenizer.casing.restore(text), text)
         return self.tokenizer.tokenize(text)
 
     def in_source_case(self, text, translations):
@@ -130,46 +136,14 @@ def _all_caps(text):
     return tf.strings.regex_full_match(text, ALL_CAPS)
 
 
-def _words(text):
-    """The space-separated words of `text` `(B,)`, their first characters, and
-    whether each starts with a capital, and with a small letter: `(B, None)`
-    each."""
-    words = tf.strings.split(text, " ")
-    first = _first_char(words)
-    return (words, first, tf.strings.regex_full_match(first, r"\p{Lu}"),
-            tf.strings.regex_full_match(first, r"\p{Ll}"))
-
-
-def _first_char(words):
-    """The first character of each of `words` ("" for an empty one)."""
-    return tf.strings.regex_replace(words, r"^(?s)(.).*", r"\1", replace_global=False)
-
-
 def _title_case(text):
     """bool `(B,)`: which sentences of `text` are in Title Case:
     `TITLE_CASE_WORDS` words or more that start with a capital, none with a
     small letter, a small letter somewhere (not in capitals only)."""
-    _, _, capital, small = _words(text)
+    first = tf.strings.regex_replace(  # each word's first character, (B, None)
+        tf.strings.split(text, " "), r"^(?s)(.).*", r"\1", replace_global=False)
+    capital = tf.strings.regex_full_match(first, r"\p{Lu}")
+    small = tf.strings.regex_full_match(first, r"\p{Ll}")
     return ((tf.reduce_sum(tf.cast(capital, tf.int32), axis=1) >= TITLE_CASE_WORDS)
             & ~tf.reduce_any(small, axis=1)
             & tf.strings.regex_full_match(text, r".*\p{Ll}.*"))
-
-
-def _untitled(text):
-    """Each sentence of `text` `(B,)` with the first letter of every word after
-    the first in small letters: "And God Said." -> "And god said."."""
-    words, first, capital, _ = _words(text)
-    later = tf.ragged.range(words.row_lengths()) > 0  # (B, None): not the first word
-    rest = tf.strings.regex_replace(words, r"^(?s).", "", replace_global=False)
-    first = tf.where(capital & later, tf.strings.lower(first, encoding="utf-8"), first)
-    return tf.strings.reduce_join(first + rest, axis=1, separator=" ")
-
-
-def _sentence_case(text):
-    """Each sentence of `text` `(B,)` in small letters after its first letter
-    (which keeps its case): "AND GOD SAID." -> "And god said."."""
-    chars = tf.strings.unicode_split(text, "UTF-8")  # (B, None)
-    letters = tf.strings.regex_full_match(chars, r"\pL")
-    after_first = tf.cumsum(tf.cast(letters, tf.int32), axis=1, exclusive=True) > 0
-    chars = tf.where(after_first, tf.strings.lower(chars, encoding="utf-8"), chars)
-    return tf.strings.reduce_join(chars, axis=1)

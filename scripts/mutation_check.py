@@ -265,19 +265,34 @@ MUTANTS = [
             "test_decomposed_accents_and_invisible_characters_translate_as_plain_text"]),
     # A sentence in capitals is translated as written (noise), its answer not recased.
     mutant("all-caps-searched-as-written", "keras_transformer/serving_text.py",
-           "text = tf.where(_all_caps(text), _sentence_case(text),",
-           "text = tf.where(_all_caps(text), text,",
+           "uninformative = (_all_caps(text) | _title_case(text)",
+           "uninformative = (_title_case(text)",
            ["tests/test_serving.py::"
-            "test_sentences_in_capitals_translate_in_sentence_case_and_answer_in_capitals"]),
+            "test_sentences_without_telling_capitals_translate_in_their_words_usual_case"]),
     mutant("title-case-searched-as-written", "keras_transformer/serving_text.py",
-           "tf.where(_title_case(text), _untitled(text), text))", "text)",
+           "uninformative = (_all_caps(text) | _title_case(text)",
+           "uninformative = (_all_caps(text)",
            ["tests/test_serving.py::"
-            "test_sentences_in_capitals_translate_in_sentence_case_and_answer_in_capitals"]),
+            "test_sentences_without_telling_capitals_translate_in_their_words_usual_case"]),
+    mutant("small-letters-searched-as-written", "keras_transformer/serving_text.py",
+           "| tf.strings.regex_full_match(text, SMALL_LETTERS))", ")",
+           ["tests/test_serving.py::"
+            "test_sentences_without_telling_capitals_translate_in_their_words_usual_case"]),
     mutant("all-caps-answered-in-small-letters", "keras_transformer/serving_text.py",
            'return tf.where(caps, tf.strings.upper(translations, encoding="utf-8"), translations)',
            "return translations",
            ["tests/test_serving.py::"
-            "test_sentences_in_capitals_translate_in_sentence_case_and_answer_in_capitals"]),
+            "test_sentences_without_telling_capitals_translate_in_their_words_usual_case"]),
+    # The casing puts capitals at sentence starts only, or counts capitals that
+    # a sentence start forces.
+    mutant("casing-table-unused", "keras_transformer/data/casing.py",
+           "letters = self._usual_spelling(letters)", "pass",
+           ["tests/data/test_casing.py::test_restore_equals_its_python_twin",
+            "tests/test_serving.py::"
+            "test_sentences_without_telling_capitals_translate_in_their_words_usual_case"]),
+    mutant("casing-counts-forced-capitals", "keras_transformer/data/casing.py",
+           "if lettered and not previous_ends:", "if True:",
+           ["tests/data/test_casing.py::test_learn_counts_each_word_where_its_case_is_free"]),
     # Zero-width spaces and direction marks reach the tokenizer.
     mutant("invisible-characters-kept", "keras_transformer/serving_text.py",
            "text = tf.strings.regex_replace(text, INVISIBLE, \"\")", "pass",

@@ -1,4 +1,7 @@
-"""Slow, obviously-correct NumPy twins of the layers, written from the paper."""
+"""Slow, obviously-correct twins: of the layers in NumPy, written from the paper,
+and of the request text's casing in Python."""
+
+import unicodedata
 
 import numpy as np
 
@@ -72,3 +75,25 @@ def random_bits(shape, seed):
         key1 = lowbias32((seed1 * golden) ^ key0)
         index = np.arange(int(np.prod(shape)), dtype=np.uint32)
         return (lowbias32(lowbias32(index ^ key0) + key1)).reshape(shape)
+
+
+def restored_case(text, spellings):
+    """`data.Casing(spellings).restore` of one cleaned sentence, word by word."""
+    def is_letter(char):
+        return unicodedata.category(char)[0] in "LM"
+
+    words, lettered, previous_ends = [], False, False
+    for word in text.lower().split(" "):
+        letter_at = [i for i, char in enumerate(word) if is_letter(char)]
+        if not letter_at:
+            words.append(word)
+            previous_ends = any(char in ".!?" for char in word)
+            continue
+        before, letters, after = (word[:letter_at[0]], word[letter_at[0]:letter_at[-1] + 1],
+                                  word[letter_at[-1] + 1:])
+        letters = spellings.get(letters, letters)
+        if not lettered or previous_ends or any(char in "\"“„«‹「¿¡" for char in before):
+            letters = letters[0].upper() + letters[1:]
+        words.append(before + letters + after)
+        lettered, previous_ends = True, any(char in ".!?" for char in after)
+    return " ".join(words)

@@ -14,6 +14,7 @@ from keras_transformer import serving
 from keras_transformer import serving_text
 from keras_transformer.data import BOS_ID, EOS_ID
 from keras_transformer.decoding_config import DecodingConfig
+from tests.reference import restored_case
 from tests.translation_fixtures import SENTENCES
 from tests.translation_fixtures import make_model
 from tests.translation_fixtures import BAD_UTF8
@@ -385,36 +386,43 @@ def test_decomposed_accents_and_invisible_characters_translate_as_plain_text(tra
     np.testing.assert_allclose(outputs["score"], [outputs["score"][3]] * 4, rtol=1e-6)
 
 
-def test_sentences_in_capitals_translate_in_sentence_case_and_answer_in_capitals(
+def test_sentences_without_telling_capitals_translate_in_their_words_usual_case(
         translator, tokenizer):
     # What the model says to each sentence as written: its ids, searched.
     def as_written(texts):
         ids = translator.translate_ids(tokenizer.tokenize(tf.constant(texts)).to_tensor())
         return _strings(tokenizer.detokenize(ids["ids"])), ids["score"].numpy()
 
-    caps = ["IN THE BEGINNING, GOD CREATED THE HEAVENS.", "  \"WHY?\"  SAID\tGOD ",
-            SENTENCES[1], "NOAH", "I", "In The Beginning God Created"]
-    cased = ["In the beginning, god created the heavens.", '"Why?" said god',
-             SENTENCES[1], "Noah", "I", "In the beginning god created", "God \ufffd\ufffd said"]
-    caps = [text.encode() for text in caps] + [BAD_UTF8]
-    capitals = [True, True, False, True, False, False, False]  # answered in capitals
-    outputs = translator.translate(tf.constant(caps))
-    expected, scores = as_written(cased)
+    spellings = tokenizer.casing.spellings
+    requests = ["IN THE BEGINNING, GOD CREATED THE HEAVENS.", "  \"WHY?\"  SAID\tGOD ",
+                SENTENCES[1], "NOAH", "I", "In The Beginning God Created",
+                "and god said, let there be light.", "god"]
+    recased = [True, True, False, True, False, True, True, True]
+    searched = [restored_case(" ".join(text.split()), spellings) if recase else text
+                for text, recase in zip(requests, recased)] + ["God \ufffd\ufffd said"]
+    assert searched[0] == "In the beginning, God created the heavens."
+    assert searched[6] == "And God said, let there be light." and searched[7] == "God"
+    capitals = [True, True, False, True, False, False, False, False, False]  # answered so
+    requests = [text.encode() for text in requests] + [BAD_UTF8]
+    outputs = translator.translate(tf.constant(requests))
+    expected, scores = as_written(searched)
     expected = [text.upper() if upper else text for text, upper in zip(expected, capitals)]
     assert _strings(outputs["translation"]) == expected
     np.testing.assert_allclose(outputs["score"], scores, rtol=1e-5)
-    # Unrecased, the model's answers to the capitals are others.
-    raw, _ = as_written(caps[:2])
-    assert raw != [text.upper() for text in expected[:2]] and raw[0] != expected[0]
-    nbest = translator.translate_nbest(tf.constant(caps[:3]))["translations"]
+    # Searched as written, the capitals and the small letters get other answers.
+    raw, _ = as_written([requests[0], requests[1], requests[6]])
+    assert raw[:2] != [text.upper() for text in expected[:2]] and raw[0] != expected[0]
+    assert raw[2] != expected[6]
+    nbest = translator.translate_nbest(tf.constant(requests[:3]))["translations"]
     best = _strings(nbest[:, 0])
     assert best == expected[:3]
     assert all(text == text.upper() for text in _strings(nbest[:2, 1:]))
-    aligned = translator.translate_aligned(tf.constant(caps[:3]))
+    aligned = translator.translate_aligned(tf.constant(requests[:3]))
     assert _strings(aligned["translation"]) == expected[:3]
-    # Scoring recases source and target alike: a pair in capitals scores as in sentence case.
-    scored = translator.score(tf.constant(caps[:1]), tf.constant(["EN EL PRINCIPIO."]))
-    reference = translator.score(tf.constant(cased[:1]), tf.constant(["En el principio."]))
+    # Scoring recases source and target alike.
+    scored = translator.score(tf.constant(requests[:1]), tf.constant(["EN EL PRINCIPIO."]))
+    reference = translator.score(tf.constant(searched[:1]), tf.constant(
+        [restored_case("EN EL PRINCIPIO.", spellings)]))
     np.testing.assert_allclose(scored["log_prob"], reference["log_prob"], rtol=1e-5)
 
 
@@ -425,30 +433,29 @@ def test_title_case_equals_python_string_methods():
              "Hadoram, Uzal, Diklah,"]
     texts = _strings(serving_text._cleaned(tf.constant(texts)))
     title = serving_text._title_case(tf.constant(texts)).numpy().tolist()
-    untitled = _strings(serving_text._untitled(tf.constant(texts)))
-    for text, is_title, sentence in zip(texts, title, untitled):
+    for text, is_title in zip(texts, title):
         words = text.split(" ")
         assert is_title == (sum(word[:1].isupper() for word in words) >= 4
                             and not any(word[:1].islower() for word in words)
                             and any(c.islower() for c in text)), text
-        assert sentence == " ".join(
-            [words[0]] + [word[:1].lower() + word[1:] for word in words[1:]]), text
     assert title == [True, False, False, False, False, True, False, True, False, False, True,
                      False]
 
 
-def test_sentence_case_and_capitals_equal_python_string_methods():
+def test_capitals_only_and_small_letters_only_equal_python_string_methods():
     texts = ["AND GOD SAID, LET THERE BE LIGHT.", "«ÉTÉ À L'ÎLE», DIT-IL", "NASA", "42 B.C.",
-             "I", "Jesus wept.", "东京 TOKYO", "東京", "ΑΘΗΝΑ Ω", "", "ǅ", "1 2 3", "ÀB"]
+             "I", "Jesus wept.", "东京 TOKYO", "東京", "ΑΘΗΝΑ Ω", "", "ǅ", "1 2 3", "ÀB",
+             "and god said.", "东京 tokyo", "ǆ x", "ǅx", "école"]
     caps = serving_text._all_caps(tf.constant(texts)).numpy().tolist()
-    cased = _strings(serving_text._sentence_case(tf.constant(texts)))
-    for text, is_caps, sentence in zip(texts, caps, cased):
+    small = tf.strings.regex_full_match(texts, serving_text.SMALL_LETTERS).numpy().tolist()
+    for text, is_caps, is_small in zip(texts, caps, small):
         letters = [c for c in text if c.isalpha()]
         cased_letters = [c for c in letters if c.upper() != c.lower()]
         assert is_caps == (len([c for c in letters if c.isupper()]) >= 2
                            and not any(c.islower() for c in cased_letters)), text
-        first = next((i for i, c in enumerate(text) if c.isalpha()), len(text))
-        assert sentence == text[:first + 1] + text[first + 1:].lower(), text
+        assert is_small == (any(c.islower() for c in letters)
+                            and not any(c.isupper() or c.istitle() for c in letters)), text
+    assert small == [False] * 13 + [True, True, True, False, True]
 
 
 def test_invisible_characters_are_dropped_and_whitespace_is_one_space():

@@ -4,6 +4,7 @@ Never imports the model.
 """
 
 from keras_transformer.data.batching import BatchStats, bucket_lengths, fit_bucket_lengths, make_batches
+from keras_transformer.data.casing import Casing
 from keras_transformer.data.corpora import bundled_manifest, load_parallel
 from keras_transformer.data.tokenizer import SubwordTokenizer
 from keras_transformer.data.training_batches import TrainingBatches
@@ -12,6 +13,7 @@ from keras_transformer.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 __all__ = [
     "BOS_ID",
     "BatchStats",
+    "Casing",
     "EOS_ID",
     "PAD_ID",
     "SubwordTokenizer",

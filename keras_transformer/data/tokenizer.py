@@ -19,6 +19,7 @@ from sentencepiece import sentencepiece_model_pb2
 import tensorflow_text
 
 from keras_transformer.data import text_normalization
+from keras_transformer.data.casing import Casing
 from keras_transformer.hardware import available_cores
 from keras_transformer.token_ids import BOS_ID
 from keras_transformer.token_ids import EOS_ID
@@ -28,6 +29,7 @@ from keras_transformer.token_ids import UNK_ID
 MODEL_FILENAME = "subword.model"
 VOCAB_FILENAME = "subword.vocab"
 CONFIG_FILENAME = "tokenizer.json"
+CASING_FILENAME = "casing.tsv"
 
 # The default normalization: Unicode NFC, our rules (`text_normalization`).
 NFC = "nfc"
@@ -61,10 +63,15 @@ class SubwordTokenizer(tf.Module):
     Args:
         model_proto: bytes, a serialized sentencepiece model whose reserved ids are
             the ones above (as `train` makes).
+        casing: the `Casing` of the training text's words, with which a
+            translator puts back the capitals of a request in small letters,
+            in capitals or in Title Case; None: an empty one (vocabularies from
+            before 2026-11-30 have none).
         name: optional module name.
 
     Attributes:
         model_proto: the serialized sentencepiece model (bytes).
+        casing: the `Casing`.
         vocab_size: int, the number of ids, reserved ones included.
         pad_id, unk_id, bos_id, eos_id: the reserved ids (0, 1, 2, 3).
 
@@ -84,7 +91,7 @@ class SubwordTokenizer(tf.Module):
         "SentencePiece".
     """
 
-    def __init__(self, model_proto, name=None):
+    def __init__(self, model_proto, casing=None, name=None):
         super().__init__(name=name)
         if not isinstance(model_proto, bytes) or not model_proto:
             raise ValueError(
@@ -106,6 +113,7 @@ class SubwordTokenizer(tf.Module):
                     "train the vocabulary with SubwordTokenizer.train"
                 )
         self.model_proto = model_proto
+        self.casing = casing if casing is not None else Casing()
         self.vocab_size = processor.get_piece_size()
         self.pad_id, self.unk_id, self.bos_id, self.eos_id = (
             PAD_ID, UNK_ID, BOS_ID, EOS_ID,
@@ -125,7 +133,8 @@ class SubwordTokenizer(tf.Module):
         normalization_rule_name=NFC,
         num_threads=None,
     ):
-        """Learns a shared vocabulary from source and target sentences.
+        """Learns a shared vocabulary from source and target sentences, and the
+        usual case of their words (`Casing.learn`).
 
         Args:
             texts: the training text: a `tf.data.Dataset` of `{"source", "target"}`
@@ -212,7 +221,7 @@ class SubwordTokenizer(tf.Module):
                     f"{vocab_size} from {len(sentences)} sentences. sentencepiece says: "
                     f"{error}"
                 ) from error
-        return cls(_without_machine_settings(model.getvalue()))
+        return cls(_without_machine_settings(model.getvalue()), Casing.learn(sentences))
 
     def tokenize(self, texts):
         """Token ids of `texts`.
@@ -266,16 +275,19 @@ class SubwordTokenizer(tf.Module):
         return tensorflow_text.SentencepieceTokenizer(model=self.model_proto, out_type=tf.int32)
 
     def save(self, directory):
-        """Writes the model, a readable vocabulary and the settings to `directory`."""
+        """Writes the model, a readable vocabulary, the casing and the settings
+        to `directory`."""
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, MODEL_FILENAME), "wb") as f:
             f.write(self.model_proto)
         with open(os.path.join(directory, VOCAB_FILENAME), "w", encoding="utf-8") as f:
             for i in range(self.vocab_size):
                 f.write(f"{self._processor.id_to_piece(i)}\t{self._processor.get_score(i)}\n")
+        self.casing.save(os.path.join(directory, CASING_FILENAME))
         config = {
             "format": "sentencepiece",
             "model_file": MODEL_FILENAME,
+            "casing_file": CASING_FILENAME,
             "vocab_size": self.vocab_size,
             "pad_id": self.pad_id,
             "unk_id": self.unk_id,
@@ -297,8 +309,11 @@ class SubwordTokenizer(tf.Module):
             )
         with open(config_path) as f:
             config = json.load(f)
+        casing = None
+        if "casing_file" in config:  # vocabularies from before 2026-11-30 have none
+            casing = Casing.load(os.path.join(directory, config["casing_file"]))
         with open(os.path.join(directory, config["model_file"]), "rb") as f:
-            tokenizer = cls(f.read())
+            tokenizer = cls(f.read(), casing)
         if tokenizer.vocab_size != config["vocab_size"]:
             raise ValueError(
                 f"SubwordTokenizer.load: {config_path} says vocab_size="
