@@ -290,6 +290,9 @@ MUTANTS = [
            ["tests/data/test_casing.py::test_restore_equals_its_python_twin",
             "tests/test_serving.py::"
             "test_sentences_without_telling_capitals_translate_in_their_words_usual_case"]),
+    mutant("casing-capitals-for-a-corpus-in-small-letters", "keras_transformer/data/casing.py",
+           "if self.sentence_starts:", "if True:",
+           ["tests/data/test_casing.py::test_a_text_in_small_letters_gets_no_capitals"]),
     mutant("casing-counts-forced-capitals", "keras_transformer/data/casing.py",
            "if lettered and not previous_ends:", "if True:",
            ["tests/data/test_casing.py::test_learn_counts_each_word_where_its_case_is_free"]),

@@ -77,8 +77,9 @@ def random_bits(shape, seed):
         return (lowbias32(lowbias32(index ^ key0) + key1)).reshape(shape)
 
 
-def restored_case(text, spellings):
-    """`data.Casing(spellings).restore` of one cleaned sentence, word by word."""
+def restored_case(text, spellings, sentence_starts=True):
+    """`data.Casing(spellings, sentence_starts).restore` of one cleaned
+    sentence, word by word."""
     def is_letter(char):
         return unicodedata.category(char)[0] in "LM"
 
@@ -92,7 +93,8 @@ def restored_case(text, spellings):
         before, letters, after = (word[:letter_at[0]], word[letter_at[0]:letter_at[-1] + 1],
                                   word[letter_at[-1] + 1:])
         letters = spellings.get(letters, letters)
-        if not lettered or previous_ends or any(char in "\"“„«‹「¿¡" for char in before):
+        if sentence_starts and (not lettered or previous_ends
+                                or any(char in "\"“„«‹「¿¡" for char in before)):
             letters = letters[0].upper() + letters[1:]
         words.append(before + letters + after)
         lettered, previous_ends = True, any(char in ".!?" for char in after)

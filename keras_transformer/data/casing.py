@@ -8,9 +8,11 @@ sacreBLEU on its test sentences in small letters, against 26.9 as written.
 capitals, that spelling ("god" -> "God", "yahweh’s" -> "Yahweh’s", "mcdonald"
 -> "McDonald"), learned as the Moses truecaser learns it (Koehn et al., 2007):
 each word's most frequent spelling, counted where its position does not force a
-capital. `Casing.restore` rewrites a sentence with those spellings and a
-capital at each sentence start, in TensorFlow's core string ops, so it runs
-inside an exported model.
+capital; and whether the text starts its sentences with a capital (a corpus in
+small letters does not, and a model trained on one has never seen a capital).
+`Casing.restore` rewrites a sentence with those spellings, and with a capital at
+each sentence start where the text has them, in TensorFlow's core string ops,
+so it runs inside an exported model.
 
 A word is a space-separated token; its letters run from its first letter (or
 combining mark) to its last, around them its punctuation ("“God’s," has
@@ -20,6 +22,7 @@ or when an opening quote or "¿" / "¡" comes before its letters.
 """
 
 import collections
+import json
 import os
 import unicodedata
 
@@ -47,18 +50,19 @@ class Casing:
     Args:
         spellings: dict from a word's letters in small letters (`str.lower`)
             to its usual spelling ("god" -> "God"); words usually written in
-            small letters are left out. Empty: `restore` only puts a capital
-            at each sentence start.
+            small letters are left out.
+        sentence_starts: whether `restore` puts a capital at each sentence
+            start (where the text writes one).
 
     Example:
     ```python
     casing = Casing.learn(["In the beginning, God created.", "And God said."])
-    casing.spellings  # {"god": "God"}
+    casing.spellings, casing.sentence_starts  # {"god": "God"}, True
     casing.restore(tf.constant(["and god said."]))  # [b"And God said."]
     ```
     """
 
-    def __init__(self, spellings=None):
+    def __init__(self, spellings=None, sentence_starts=True):
         spellings = dict(spellings or {})
         for word, spelling in spellings.items():
             if not isinstance(word, str) or not isinstance(spelling, str) \
@@ -66,7 +70,11 @@ class Casing:
                 raise ValueError(
                     "Casing: each entry must map a word in small letters to a spelling of "
                     f"the same word. Received: {word!r} -> {spelling!r}")
+        if not isinstance(sentence_starts, bool):
+            raise ValueError("Casing: sentence_starts must be True or False. "
+                             f"Received: {sentence_starts!r}")
         self.spellings = spellings
+        self.sentence_starts = sentence_starts
         # The lookup's table, sorted by hash (`_usual_spelling`).
         words = np.array([word.encode("utf-8") for word in spellings], dtype=object)
         hashes = tf.strings.to_hash_bucket_fast(
@@ -92,7 +100,8 @@ class Casing:
         without small letters (a title in capitals). A word enters the table
         when its most frequent spelling has capitals, is seen at least
         `min_count` times, and more often than the word in small letters; the
-        `max_words` most frequent such words are kept.
+        `max_words` most frequent such words are kept. `sentence_starts`: more
+        sentences start with a capital than with a small letter.
 
         Args:
             sentences: an iterable of str.
@@ -101,9 +110,13 @@ class Casing:
         """
         counts = collections.Counter()  # token -> times seen where its case is free
         kinds = {}  # token -> (has letters, ends a sentence), worked out once a token
+        starts = collections.Counter()  # sentences whose first letter is a capital: True
         for sentence in sentences:
             if sentence == sentence.upper():  # no small letter: capitals say nothing
                 continue
+            first = next((c for c in sentence if c.isalpha()), "")
+            if first.upper() != first.lower():  # a letter with case
+                starts[first.isupper()] += 1
             lettered = previous_ends = False
             for token in sentence.split():
                 kind = kinds.get(token)
@@ -124,15 +137,16 @@ class Casing:
             if spelling != word and count >= min_count:
                 table.append((sum(seen.values()), word, spelling))
         table.sort(key=lambda entry: (-entry[0], entry[1]))
-        return cls({word: spelling for _, word, spelling in table[:max_words]})
+        return cls({word: spelling for _, word, spelling in table[:max_words]},
+                   sentence_starts=starts[True] > starts[False])
 
     # One traced function however many graphs call it: an export holds the
     # table once, not in each signature.
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def restore(self, text):
         """`text` `(B,)` in small letters, then each word in its usual spelling
-        and each sentence start with a capital: "AND GOD SAID. LET THERE BE
-        LIGHT." -> "And God said. Let there be light.".
+        and each sentence start with a capital (if `sentence_starts`): "AND GOD
+        SAID. LET THERE BE LIGHT." -> "And God said. Let there be light.".
 
         `text` is a request's cleaned text: words separated by single spaces.
         """
@@ -144,10 +158,11 @@ class Casing:
         after = tf.strings.regex_replace(flat, rf"(?s)^.*?({_NOT_LETTER}*)$", r"\1")
         has_letters = letters != ""
         letters = self._usual_spelling(letters)
-        starts = _sentence_starts(words, has_letters, before, after)
-        first = tf.strings.regex_replace(letters, r"(?s)^(.).*$", r"\1")
-        rest = tf.strings.regex_replace(letters, r"(?s)^.", "")
-        letters = tf.where(starts, tf.strings.upper(first, encoding="utf-8") + rest, letters)
+        if self.sentence_starts:
+            starts = _sentence_starts(words, has_letters, before, after)
+            first = tf.strings.regex_replace(letters, r"(?s)^(.).*$", r"\1")
+            rest = tf.strings.regex_replace(letters, r"(?s)^.", "")
+            letters = tf.where(starts, tf.strings.upper(first, encoding="utf-8") + rest, letters)
         flat = tf.where(has_letters, before + letters + after, flat)
         return tf.strings.reduce_join(words.with_flat_values(flat), axis=1, separator=" ")
 
@@ -162,26 +177,23 @@ class Casing:
         return tf.where(found, tf.gather(tf.constant(self._spellings, tf.string), index), words)
 
     def save(self, path):
-        """Writes the table as UTF-8 lines `word<TAB>spelling`, most frequent first."""
-        with open(path, "w", encoding="utf-8", newline="\n") as f:
-            for word, spelling in self.spellings.items():
-                f.write(f"{word}\t{spelling}\n")
+        """Writes `{"sentence_starts": ..., "spellings": {...}}` (most frequent
+        first) as JSON."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"sentence_starts": self.sentence_starts, "spellings": self.spellings},
+                      f, ensure_ascii=False, indent=0)
+            f.write("\n")
 
     @classmethod
     def load(cls, path):
-        """Reads a table written by `save`."""
-        spellings = {}
-        with open(path, encoding="utf-8", newline="\n") as f:
-            for number, line in enumerate(f, start=1):
-                fields = line.rstrip("\n").split("\t")
-                if len(fields) != 2:
-                    raise ValueError(f"{path} line {number}: expected word<TAB>spelling; "
-                                     "restore the file from the run it came with")
-                spellings[fields[0]] = fields[1]
+        """Reads a casing written by `save`."""
         try:
-            return cls(spellings)
-        except ValueError as error:
-            raise ValueError(f"{os.fspath(path)}: {error}") from None
+            with open(path, encoding="utf-8") as f:
+                values = json.load(f)
+            return cls(values["spellings"], values["sentence_starts"])
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"{os.fspath(path)} is not a casing written by Casing.save "
+                             f"({error}); restore it from the run it came with") from None
 
 
 def split_word(token):

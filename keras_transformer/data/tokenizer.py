@@ -29,7 +29,7 @@ from keras_transformer.token_ids import UNK_ID
 MODEL_FILENAME = "subword.model"
 VOCAB_FILENAME = "subword.vocab"
 CONFIG_FILENAME = "tokenizer.json"
-CASING_FILENAME = "casing.tsv"
+CASING_FILENAME = "casing.json"
 
 # The default normalization: Unicode NFC, our rules (`text_normalization`).
 NFC = "nfc"

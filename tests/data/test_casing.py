@@ -85,16 +85,35 @@ def test_the_bundled_corpus_gets_its_capitals_back():
         assert sum(a == b for a, b in pairs) / len(pairs) >= least
 
 
+def test_a_text_in_small_letters_gets_no_capitals():
+    """A corpus in small letters (lowercased, or a made-up language) starts no
+    sentence with a capital: a model trained on it has never seen one, and a
+    request in small letters is searched as written."""
+    sentences = ["and so it was.", "he said: “behold, x.” then y.", "— z said", "东京 is far",
+                 "AND THE LORD SAID"]  # capitals only: say nothing
+    casing = data.Casing.learn(sentences)
+    assert (casing.spellings, casing.sentence_starts) == ({}, False)
+    texts = ["and god said. let there be light!", "“behold,” he said", "AND GOD SAID"]
+    restored = _strings(casing.restore(tf.constant(texts)))
+    assert restored == ["and god said. let there be light!", "“behold,” he said", "and god said"]
+    assert restored == [restored_case(text, {}, sentence_starts=False) for text in texts]
+    assert data.Casing.learn(["And so.", "and so", "So it was."]).sentence_starts
+    assert not data.Casing.learn(["And so.", "and so", "so it was."]).sentence_starts
+
+
 def test_save_and_load_round_trip_and_refuse_a_broken_file(tmp_path):
-    casing = data.Casing({"god": "God", "mcdonald": "McDonald"})
-    casing.save(tmp_path / "casing.tsv")
-    assert data.Casing.load(tmp_path / "casing.tsv").spellings == casing.spellings
-    (tmp_path / "broken.tsv").write_text("god\tGod\nlord\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"broken.tsv line 2: expected word<TAB>spelling"):
-        data.Casing.load(tmp_path / "broken.tsv")
-    (tmp_path / "other.tsv").write_text("god\tLord\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"other.tsv: Casing: .*'god' -> 'Lord'"):
-        data.Casing.load(tmp_path / "other.tsv")
+    casing = data.Casing({"god": "God", "mcdonald": "McDonald"}, sentence_starts=False)
+    casing.save(tmp_path / "casing.json")
+    loaded = data.Casing.load(tmp_path / "casing.json")
+    assert (loaded.spellings, loaded.sentence_starts) == (casing.spellings, False)
+    assert list(loaded.spellings) == ["god", "mcdonald"]  # the order kept
+    for name, text in (("cut.json", '{"sentence_starts": true, "spellings": {"god": "Go'),
+                       ("keys.json", '{"spellings": {}}'),
+                       ("other.json", '{"sentence_starts": true, "spellings": {"god": "Lord"}}'),
+                       ("flag.json", '{"sentence_starts": 1, "spellings": {}}')):
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        with pytest.raises(ValueError, match=rf"{name} is not a casing written by Casing.save"):
+            data.Casing.load(tmp_path / name)
 
 
 def test_tokenizer_learns_saves_and_loads_its_casing(tmp_path):
@@ -104,9 +123,11 @@ def test_tokenizer_learns_saves_and_loads_its_casing(tmp_path):
     tokenizer.save(tmp_path / "vocab")
     loaded = data.SubwordTokenizer.load(tmp_path / "vocab")
     assert loaded.casing.spellings == tokenizer.casing.spellings
+    assert loaded.casing.sentence_starts
     # A vocabulary saved before the casing: none, and capitals at sentence starts only.
-    (tmp_path / "vocab" / "casing.tsv").unlink()
+    (tmp_path / "vocab" / "casing.json").unlink()
     config = (tmp_path / "vocab" / "tokenizer.json").read_text()
     (tmp_path / "vocab" / "tokenizer.json").write_text(
-        config.replace('"casing_file": "casing.tsv",', ""))
-    assert len(data.SubwordTokenizer.load(tmp_path / "vocab").casing) == 0
+        config.replace('"casing_file": "casing.json",', ""))
+    old = data.SubwordTokenizer.load(tmp_path / "vocab").casing
+    assert (len(old), old.sentence_starts) == (0, True)

@@ -137,7 +137,7 @@ def test_a_dataset_of_pairs_and_a_list_of_strings_train_the_same(dev_pairs, toke
 def test_save_and_load_give_identical_ids(tmp_path, tokenizer):
     tokenizer.save(str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == [
-        "casing.tsv", "subword.model", "subword.vocab", "tokenizer.json"]
+        "casing.json", "subword.model", "subword.vocab", "tokenizer.json"]
     loaded = data.SubwordTokenizer.load(str(tmp_path))
     assert loaded.model_proto == tokenizer.model_proto
     assert loaded.casing.spellings == tokenizer.casing.spellings
