@@ -268,7 +268,9 @@ class TimeAccount(keras.callbacks.Callback):
     def __init__(self, start, fit_phase="steps"):
         super().__init__()
         self.seconds = {}
-        self.apart = {}
+        # Listed even where none ran (a budget spent before the first dev pass):
+        # the line names the same parts every run.
+        self.apart = {"dev passes": (fit_phase, 0.0)}
         self.fit_phase = fit_phase
         self._last = start
         self._dev_start = None

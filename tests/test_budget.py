@@ -113,6 +113,8 @@ def test_the_time_account_sets_the_dev_passes_apart(monkeypatch):
                                  "dev passes": 5.0, "checkpoints": 4.0}
     assert account.line() == ("Where the 1.7 minutes went: start-up 10 s, steps 51 s, "
                               "averaging 30 s, dev passes 5 s, checkpoints 4 s.")
+    # A run whose budget ends before its first dev pass says so.
+    assert "steps 0 s, dev passes 0 s." in budget.TimeAccount(start=now[0]).line()
 
 
 def test_a_budgeted_runs_progress_line_counts_the_step_the_budget_stops_it_at():
