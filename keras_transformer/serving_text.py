@@ -14,10 +14,11 @@ translation given back in capitals), and one in Title Case ("And God Said, Let
 There Be Light.": four words or more that start with a capital, none with a
 small letter) are all translated as "And God said, let there be light.". A
 corpus has few such sentences, and a model trained on one otherwise answers
-with noise ("Y CUENDE DENDENDE LACUE LE DE DIDDDDTA."). A request of more than `max_batch_size`
-sentences, or with a sentence of more than `max_input_chars` characters, is
-refused with an `InvalidArgument` error naming the limit, before any
-tokenization or search.
+with noise ("Y CUENDE DENDENDE LACUE LE DE DIDDDDTA.").
+
+A request of more than `max_batch_size` sentences, or with a sentence of more
+than `max_input_chars` characters, is refused with an `InvalidArgument` error
+naming the limit, before any tokenization or search.
 """
 
 import tensorflow as tf

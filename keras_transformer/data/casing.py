@@ -2,8 +2,8 @@
 written in small letters only, in capitals only or in Title Case.
 
 Such a sentence's capitals say nothing of its words, and a model trained on
-ordinary text translates it badly: the bundled corpus's model scores 18.1
-sacreBLEU on its test sentences in small letters, against 26.9 as written.
+ordinary text translates it badly: a quickstart export scored 16.8 sacreBLEU
+(case-insensitive) on the bundled test split in small letters, 22.2 as written.
 `Casing` holds, for each word that the training text usually writes with
 capitals, that spelling ("god" -> "God", "yahweh’s" -> "Yahweh’s", "mcdonald"
 -> "McDonald"), learned as the Moses truecaser learns it (Koehn et al., 2007):
@@ -127,7 +127,7 @@ class Casing:
                 lettered, previous_ends = lettered or kind[0], kind[1]
         spellings = collections.defaultdict(collections.Counter)
         for token, count in counts.items():
-            before, letters, _ = split_word(token)
+            before, letters, _ = _split_word(token)
             if letters and not any(c in SENTENCE_OPENERS for c in before):
                 spellings[letters.lower()][letters] += count
         table = []
@@ -196,7 +196,7 @@ class Casing:
                              f"({error}); restore it from the run it came with") from None
 
 
-def split_word(token):
+def _split_word(token):
     """`(before, letters, after)` of a space-free `token`: its letters run from
     its first letter or combining mark to its last ("" where it has none, and
     then `before` is the whole token)."""
@@ -216,7 +216,7 @@ def _is_letter(char):
 def _kind(token):
     """Whether `token` has letters, and whether the punctuation after them (all
     of it, where it has none) holds one of `SENTENCE_ENDS`."""
-    _, letters, after = split_word(token)
+    _, letters, after = _split_word(token)
     return bool(letters), any(c in SENTENCE_ENDS for c in (after if letters else token))
 
 
