@@ -1,0 +1,1 @@
+python benchmarks/recipe_curves.py --out-dir /tmp/rc/zen4
