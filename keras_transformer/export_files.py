@@ -22,14 +22,26 @@ def version_directory(path):
         raise FileNotFoundError(f"export directory {path} does not exist")
     if os.path.exists(os.path.join(path, "saved_model.pb")):
         return path
-    versions = [name for name in os.listdir(path)
-                if name.isdigit() and os.path.exists(os.path.join(path, name, "saved_model.pb"))]
+    versions = _versions(path)
     if not versions:
         raise FileNotFoundError(
             f"{path} holds no SavedModel (no saved_model.pb, nor a numbered "
-            "version directory with one); pass a directory written by export.py"
+            "version directory with one); pass a directory written by keras-transformer export"
         )
     return os.path.join(path, max(versions, key=int))
+
+
+def is_export(path):
+    """Whether `path` is an export's directory: a SavedModel, or numbered
+    versions of one."""
+    path = os.fspath(path)
+    return os.path.isdir(path) and (
+        os.path.exists(os.path.join(path, "saved_model.pb")) or bool(_versions(path)))
+
+
+def _versions(path):
+    return [name for name in os.listdir(path)
+            if name.isdigit() and os.path.exists(os.path.join(path, name, "saved_model.pb"))]
 
 
 def translator_settings(path):

@@ -286,7 +286,7 @@ class Run:
         run_config = self.read_config()
         if run_config is None:
             raise FileNotFoundError(f"{self.config_path} not found; is {self.directory} a run "
-                                    "directory written by train.py?")
+                                    "directory written by keras-transformer train?")
         if not isinstance(run_config, dict) or "model" not in run_config:
             raise ValueError(f"{self.config_path} has no \"model\" entry (the TransformerConfig)")
         config = TransformerConfig.from_dict(run_config["model"])

@@ -232,6 +232,42 @@ def test_a_full_disk_keeps_the_output_file_that_was_there_and_says_so(
         assert sorted(os.listdir(tmp_path)) == ["out.txt", "source.txt"]
 
 
+def test_a_run_passed_as_an_export_and_an_export_as_a_run_are_named(
+        run_dir, tmp_path, monkeypatch, capsys):
+    """translate, evaluate and export say which flag a run's or an export's
+    directory belongs to (exit 2), instead of that it holds no SavedModel or
+    no config.json."""
+    from keras_transformer.cli import evaluate
+    from keras_transformer.cli import export
+    from keras_transformer.cli import translate
+
+    for name in ("TF_ENABLE_ONEDNN_OPTS", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"):
+        monkeypatch.setenv(name, os.environ.get(name, "1"))
+    exported = tmp_path / "export"
+    (exported / "3").mkdir(parents=True)
+    (exported / "3" / "saved_model.pb").write_bytes(b"")
+    source = tmp_path / "source.txt"
+    source.write_text("Jesus wept.\n", encoding="utf-8")
+    inputs = {translate: [source, "--no-progress"],
+              evaluate: ["--src", source, "--ref", source, "--no-progress"],
+              export: ["--out", tmp_path / "out"]}
+    run_as_export = (f"--export {run_dir} is a training run's directory, not an export: "
+                     f"translate with the run itself (--run {run_dir}), or export it first "
+                     f"(keras-transformer export --run {run_dir} --out EXPORT)\n")
+    export_as_run = (f"--run {exported} is an export, not a training run's directory: "
+                     f"translate and evaluate it with --export {exported}\n")
+    cases = [(translate, "--export", run_dir, run_as_export),
+             (evaluate, "--export", run_dir, run_as_export),
+             (translate, "--run", exported, export_as_run),
+             (evaluate, "--run", exported, export_as_run),
+             (export, "--run", exported, export_as_run)]
+    for module, flag, path, message in cases:
+        capsys.readouterr()
+        assert module.main([*map(str, inputs[module]), flag, str(path), "--verbose"]) == 2
+        assert capsys.readouterr().err == f"{module.PROG}: {message}"
+    assert not (tmp_path / "out").exists()
+
+
 def test_export_on_a_full_disk_says_what_it_wrote(run_dir, tmp_path, monkeypatch, capsys):
     """A disk that fills under the SavedModel: one line, nothing exported (exit 1).
     One that fills under TF Serving's files, after the version is whole: the line

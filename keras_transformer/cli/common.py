@@ -109,8 +109,27 @@ def load_command_translator(args):
     from keras_transformer import loading
     from keras_transformer.decoding_config import one_beam_size
 
+    check_not_swapped(export=args.export, run=args.run)
     settings = {} if args.run is None else one_beam_size(args.beam_size)
     return loading.load_translator(args.export, args.run, args.weights, **settings)
+
+
+def check_not_swapped(export=None, run=None):
+    """Raises FileNotFoundError, saying which flag it belongs to, where `export`
+    is a training run's directory or `run` an export's."""
+    from keras_transformer import export_files
+    from keras_transformer import runs
+
+    if export is not None and not export_files.is_export(export) \
+            and os.path.exists(os.path.join(export, runs.CONFIG)):
+        raise FileNotFoundError(
+            f"--export {export} is a training run's directory, not an export: translate "
+            f"with the run itself (--run {export}), or export it first (keras-transformer "
+            f"export --run {export} --out EXPORT)")
+    if run is not None and export_files.is_export(run):
+        raise FileNotFoundError(
+            f"--run {run} is an export, not a training run's directory: translate and "
+            f"evaluate it with --export {run}")
 
 
 # What `start_decoding` sets, unless the environment does: also for a model

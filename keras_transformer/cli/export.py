@@ -21,6 +21,7 @@ import sys
 from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import WEIGHTS
 from keras_transformer.cli.common import add_decoding_flags
+from keras_transformer.cli.common import check_not_swapped
 from keras_transformer.cli.common import decoding_config
 from keras_transformer.cli.common import os_error_line
 from keras_transformer.cli.common import start_decoding
@@ -105,6 +106,7 @@ def main(argv=None, prog=PROG):
     from keras_transformer import serving
 
     try:
+        check_not_swapped(run=args.run)
         run = runs.Run(args.run)
         model, tokenizer, run_config = run.load(args.weights)
         if args.format == "ctranslate2":
