@@ -40,6 +40,7 @@ def translate_sentences(
     alpha=None,
     extra_length=None,
     no_repeat_ngram_size=None,
+    first_number=1,
 ):
     """Translates a list of sentences, in batches, keeping their order.
 
@@ -56,6 +57,8 @@ def translate_sentences(
         beam_size, alpha, extra_length, no_repeat_ngram_size: optional
             decoding settings (`decoding_config.REQUEST_SETTINGS`); the
             translator's own when None.
+        first_number: the number that errors give the first sentence (that of
+            a chunk of a longer input).
 
     Returns:
         A list of translations (str), one per sentence.
@@ -76,7 +79,7 @@ def translate_sentences(
              for name, dtype in REQUEST_SETTING_DTYPES.items() if settings[name] is not None}
     sentences = [s.decode("utf-8", "replace") if isinstance(s, bytes) else s
                  for s in sentences]
-    _check_lengths(sentences, limits.get("max_input_chars"))
+    _check_lengths(sentences, limits.get("max_input_chars"), first_number)
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]), reverse=True)
     translations = [None] * len(sentences)
     if progress == "auto":
@@ -276,7 +279,7 @@ def _request_limits(translator):
     return {name: settings[name] for name in names if name in settings}
 
 
-def _check_lengths(sentences, max_input_chars):
+def _check_lengths(sentences, max_input_chars, first_number=1):
     if not max_input_chars:
         return
     too_long = [i for i, sentence in enumerate(sentences) if len(sentence) > max_input_chars]
@@ -284,7 +287,7 @@ def _check_lengths(sentences, max_input_chars):
         first = too_long[0]
         others = f" (and {len(too_long) - 1} more)" if len(too_long) > 1 else ""
         raise ValueError(
-            f"sentence {first + 1}{others} is longer than the translator's max_input_chars="
+            f"sentence {first + first_number}{others} is longer than the translator's max_input_chars="
             f"{max_input_chars} characters (a limit set at export): "
             f"{len(sentences[first])} characters; split it, or export with a larger "
             "--max-input-chars")

@@ -1,10 +1,13 @@
 """Tests of export.py, translate.py and evaluate.py as a user runs them (subprocesses)."""
 
+import concurrent.futures
 import errno
+import io
 import json
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -94,11 +97,28 @@ def test_export_translate_evaluate(run_dir, tmp_path):
     lines = result.stdout.split("\n")[:-1]
     assert len(lines) == 4 and lines[2] == "" and all(lines[i] for i in (0, 1, 3))
 
-    # The run directory and stdin give the same translations as the export.
-    result = run("translate.py", "--run", run_dir, "--beam-size", "4", "--extra-length", "8",
-                 stdin=source.read_text(encoding="utf-8"))
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split("\n")[:-1] == lines
+    # The run directory gives the same translations as the export. From a program
+    # that writes a line and waits for its translation, through pipes, each line
+    # is answered before the next is written; a reader that closes stdout ends
+    # translate as SIGPIPE would, without a word.
+    environment = dict(os.environ, PYTHONPATH=python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "translate.py"), "--run", str(run_dir),
+         "--beam-size", "4", "--extra-length", "8"], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=environment)
+    watchdog = threading.Timer(300, process.kill)  # an unanswered line: readline gives ""
+    watchdog.start()
+    answers = []
+    for line in source.read_text(encoding="utf-8").split("\n")[:-1]:
+        process.stdin.write(line + "\n")
+        process.stdin.flush()
+        answers.append(process.stdout.readline())
+    process.stdout.close()
+    process.stdin.write(SENTENCES[0] + "\n")
+    process.stdin.close()
+    assert process.wait() == 141 and process.stderr.read() == ""
+    watchdog.cancel()
+    assert answers == [line + "\n" for line in lines]
 
     result = run("translate.py", "--export", out, source, "--beam-size", "3")
     assert_one_line_error(result, "translate.py", "beam_size must be one of [4]")
@@ -383,6 +403,82 @@ def test_decoding_flags_and_weights_reach_the_search(
     # The flags that should change these translations do.
     assert got["--extra-length 3 --beam-size 1"] != got["--extra-length 3"]
     assert got["--extra-length 3 --weights final"] != got["--extra-length 3"]
+
+
+def test_stdin_chunks_answer_each_line_once_no_more_are_waiting():
+    """Lines are handed on as soon as nothing more is waiting in the pipe (what
+    a program that waits for each answer, or a person typing, needs), at most
+    `most` at a time, a line written in two parts as one, the last line without
+    a newline too."""
+    from keras_transformer.cli import translate
+
+    read_end, write_end = os.pipe()
+    with os.fdopen(read_end, "rb") as stream, \
+            concurrent.futures.ThreadPoolExecutor(1) as waiting:
+        chunks = translate.stdin_chunks(stream, most=3)
+
+        def next_chunk():  # a chunk that waits for more lines fails the test, not hangs it
+            return waiting.submit(next, chunks).result(timeout=60)
+
+        try:
+            os.write(write_end, b"one\n")
+            assert next_chunk() == ["one"]  # not waiting for a second line
+            os.write(write_end, b"tw")
+            os.write(write_end, b"o\r\n\n")
+            assert next_chunk() == ["two", ""]
+            os.write(write_end, "".join(f"{i}\n" for i in range(7)).encode() + b"\xff\xe2 x")
+            assert next_chunk() == ["0", "1", "2"]
+            assert next_chunk() == ["3", "4", "5"]
+            assert next_chunk() == ["6"]  # the unfinished line waits for its newline
+        finally:
+            os.close(write_end)
+        assert list(chunks) == [["\ufffd\ufffd x"]]
+
+
+def test_translate_answers_a_pipe_or_a_terminal_line_by_line(
+        run_dir, run_translators, tmp_path, monkeypatch, capsys):
+    """stdin a pipe (or a terminal) and stdout the output: the translations are
+    the search's, in order, chunk after chunk, each chunk numbered on from the
+    last in errors; a terminal is told how to type and end."""
+    from keras_transformer import evaluation
+    from keras_transformer.cli import translate
+
+    class Terminal:
+        def __init__(self, stream):
+            self.buffer = stream
+
+        def fileno(self):
+            return self.buffer.fileno()
+
+        def isatty(self):
+            return True
+
+    def pipe(text, terminal):
+        read_end, write_end = os.pipe()
+        os.write(write_end, text.encode("utf-8"))
+        os.close(write_end)
+        stream = os.fdopen(read_end, "rb")
+        monkeypatch.setattr(sys, "stdin", Terminal(stream) if terminal else
+                            io.TextIOWrapper(stream))
+
+    monkeypatch.setattr(translate, "CHUNK_LINES", 3)
+    sources = SENTENCES[:2] + ["", SENTENCES[3]]
+    expected = _translations(run_translators["averaged"], sources, extra_length=3)
+    for terminal in (False, True):
+        pipe("\n".join(sources) + "\n", terminal)
+        out, _ = _main(translate, monkeypatch, capsys, "--run", run_dir, "--extra-length",
+                       "3", translators=run_translators)
+        assert out.split("\n")[:-1] == expected
+    calls = []
+    monkeypatch.setattr(evaluation, "translate_sentences",
+                        lambda translator, chunk, *args, first_number, **knobs:
+                        calls.append((len(chunk), first_number)) or [""] * len(chunk))
+    pipe("\n".join(sources) + "\n", terminal=True)
+    capsys.readouterr()
+    assert translate.main(["--run", str(run_dir), "--verbose"]) == 0
+    assert calls == [(3, 1), (1, 4)]
+    assert capsys.readouterr().err == ("keras-transformer translate: type a sentence and "
+                                       "press Enter; Ctrl-D ends\n")
 
 
 def test_evaluate_a_tfds_corpus_in_the_chosen_direction(

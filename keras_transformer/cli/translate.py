@@ -9,10 +9,17 @@ aligns with the input. A progress bar appears on stderr for inputs of 200 lines
 or more where stderr is a terminal (--progress / --no-progress to choose). Decoding is the paper's (beam 4,
 alpha 0.6, input length + 50) unless the flags say otherwise; inputs longer than
 the model's maximum length are truncated.
+
+Read from a terminal or a pipe and written to stdout, each line is translated as
+soon as no more lines are waiting: a person typing sentences, or a program that
+writes one and waits for its translation, gets each answer at once, and a file
+poured through a pipe is still translated in batches.
 """
 
 import argparse
 import os
+import select
+import stat
 import sys
 
 from keras_transformer.cli.common import OneLineErrorParser
@@ -28,6 +35,9 @@ from keras_transformer.decoding_config import REQUEST_SETTINGS
 
 # How messages name the command (the clone's translate.py passes its own name).
 PROG = "keras-transformer translate"
+# The most lines of a terminal or pipe translated together (`stdin_chunks`),
+# sorted by length into batches as a file's are.
+CHUNK_LINES = 1024
 
 
 def parse_args(argv, prog=PROG):
@@ -51,8 +61,42 @@ def parse_args(argv, prog=PROG):
 def read_lines(path):
     stream = sys.stdin.buffer if path == "-" else open(path, "rb")
     with stream:
-        # Invalid UTF-8 is not fatal: the model sees U+FFFD for those bytes.
-        return [line.decode("utf-8", "replace").rstrip("\r\n") for line in stream]
+        return [_decoded(line) for line in stream]
+
+
+def _decoded(line):
+    # Invalid UTF-8 is not fatal: the model sees U+FFFD for those bytes.
+    return line.decode("utf-8", "replace").rstrip("\r\n")
+
+
+def stdin_chunks(stream, most):
+    """The lines of `stream` (a terminal or a pipe) in lists of at most `most`:
+    those that have arrived, as soon as no more are waiting, so that each line
+    typed, or written by a program that then waits for its translation, is
+    answered at once; a file poured in fills the lists."""
+    fd = stream.fileno()
+    lines, pending = [], b""
+    while True:
+        if lines and (len(lines) >= most or not select.select([fd], [], [], 0)[0]):
+            yield lines[:most]
+            lines = lines[most:]
+            continue
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        *complete, pending = (pending + data).split(b"\n")
+        lines += [_decoded(line) for line in complete]
+    if pending:
+        lines.append(_decoded(pending))
+    for start in range(0, len(lines), most):
+        yield lines[start:start + most]
+
+
+def streams(args):
+    """Whether translate answers stdin's lines as they come (`stdin_chunks`):
+    from a terminal or a pipe (not a file) to stdout."""
+    return (args.input == "-" and args.output == "-"
+            and not stat.S_ISREG(os.fstat(sys.stdin.fileno()).st_mode))
 
 
 def main(argv=None, prog=PROG):
@@ -60,21 +104,44 @@ def main(argv=None, prog=PROG):
     start_decoding(args.verbose, parallel_searches(args.export, args.run))
     from keras_transformer import evaluation
 
-    lines = read_lines(args.input)
+    settings = {name: getattr(args, name) for name in REQUEST_SETTINGS}
+    streaming = streams(args)
     try:
+        lines = None if streaming else read_lines(args.input)
         translator = load_command_translator(args)
+        if streaming:
+            if sys.stdin.isatty():
+                print(f"{prog}: type a sentence and press Enter; Ctrl-D ends",
+                      file=sys.stderr, flush=True)
+            answered = 0
+            for chunk in stdin_chunks(sys.stdin.buffer, CHUNK_LINES):
+                write_lines("-", evaluation.translate_sentences(
+                    translator, chunk, args.batch_size, first_number=answered + 1,
+                    **settings))
+                answered += len(chunk)
+            return 0
         translations = evaluation.translate_sentences(
-            translator, lines, args.batch_size,
-            progress=args.progress,
-            **{name: getattr(args, name) for name in REQUEST_SETTINGS},
-        )
+            translator, lines, args.batch_size, progress=args.progress, **settings)
     except (ValueError, FileNotFoundError) as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what was answered stays answered
+        return 130
+    except BrokenPipeError:
+        return stdout_closed()
     try:
         write_lines(args.output, translations)
+    except BrokenPipeError:
+        return stdout_closed()
     except OSError as error:  # a full disk, say: no half-written --output
         print(f"{prog}: {os_error_line(error)}", file=sys.stderr)
         return 1
     return 0
 
+
+def stdout_closed():
+    """The exit status of a command whose reader closed stdout (`| head`), as a
+    shell reports a process that SIGPIPE ended; nothing more is written, and
+    Python's flush at exit has nowhere to fail."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + 13
