@@ -149,9 +149,22 @@ MUTANTS = [
            ["tests/test_serving.py::test_each_row_stops_at_its_own_output_limit"]),
     # translate --alpha and --weights ignored.
     mutant("translate-alpha-ignored", "keras_transformer/cli/translate.py",
-           "**{name: getattr(args, name) for name in REQUEST_SETTINGS},",
-           "**{name: getattr(args, name) for name in REQUEST_SETTINGS if name != 'alpha'},",
+           "settings = {name: getattr(args, name) for name in REQUEST_SETTINGS}",
+           "settings = {name: getattr(args, name) for name in REQUEST_SETTINGS if name != 'alpha'}",
            ["tests/test_cli.py::test_decoding_flags_and_weights_reach_the_search"]),
+    # translate reads a terminal or a pipe to its end before answering: a person
+    # typing sees nothing until Ctrl-D, a program waiting for each answer hangs.
+    mutant("translate-stdin-read-to-its-end", "keras_transformer/cli/translate.py",
+           "streaming = streams(args)", "streaming = False",
+           ["tests/test_cli.py::test_translate_answers_a_pipe_or_a_terminal_line_by_line"]),
+    mutant("stdin-chunks-wait-for-more-lines", "keras_transformer/cli/translate.py",
+           "if lines and (len(lines) >= most or not select.select([fd], [], [], 0)[0]):",
+           "if lines and len(lines) >= most:",
+           ["tests/test_cli.py::test_stdin_chunks_answer_each_line_once_no_more_are_waiting"]),
+    # A run's directory passed as --export: "holds no SavedModel", not which flag.
+    mutant("run-passed-as-an-export-unnamed", "keras_transformer/cli/common.py",
+           "check_not_swapped(export=args.export, run=args.run)", "pass",
+           ["tests/test_cli.py::test_a_run_passed_as_an_export_and_an_export_as_a_run_are_named"]),
     mutant("translate-weights-ignored", "keras_transformer/cli/common.py",
            "return loading.load_translator(args.export, args.run, args.weights, **settings)",
            "return loading.load_translator(args.export, args.run, **settings)",

@@ -418,7 +418,7 @@ def test_stdin_chunks_answer_each_line_once_no_more_are_waiting():
         chunks = translate.stdin_chunks(stream, most=3)
 
         def next_chunk():  # a chunk that waits for more lines fails the test, not hangs it
-            return waiting.submit(next, chunks).result(timeout=60)
+            return waiting.submit(next, chunks).result(timeout=30)
 
         try:
             os.write(write_end, b"one\n")
@@ -479,6 +479,33 @@ def test_translate_answers_a_pipe_or_a_terminal_line_by_line(
     assert calls == [(3, 1), (1, 4)]
     assert capsys.readouterr().err == ("keras-transformer translate: type a sentence and "
                                        "press Enter; Ctrl-D ends\n")
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate", "export"])
+def test_ctrl_c_ends_a_decoding_command_without_a_stack(command, run_dir, tmp_path,
+                                                         monkeypatch, capsys):
+    """Ctrl-C (KeyboardInterrupt) while the model loads: exit status 130, stderr
+    empty, nothing exported."""
+    import importlib
+
+    from keras_transformer import runs
+
+    module = importlib.import_module(f"keras_transformer.cli.{command}")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runs.Run, "load", interrupted)
+    for name in ("TF_ENABLE_ONEDNN_OPTS", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"):
+        monkeypatch.setenv(name, os.environ.get(name, "1"))
+    source = tmp_path / "source.txt"
+    source.write_text("Jesus wept.\n", encoding="utf-8")
+    flags = {"translate": [source], "evaluate": ["--src", source, "--ref", source],
+             "export": ["--out", tmp_path / "out"]}[command]
+    capsys.readouterr()
+    assert module.main([*map(str, flags), "--run", str(run_dir), "--verbose"]) == 130
+    assert capsys.readouterr().err == ""
+    assert not (tmp_path / "out").exists()
 
 
 def test_evaluate_a_tfds_corpus_in_the_chosen_direction(

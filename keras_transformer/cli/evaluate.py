@@ -100,6 +100,8 @@ def main(argv=None, prog=PROG):
     except (ValueError, FileNotFoundError) as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: no stack
+        return 130
     hypotheses = result.pop("hypotheses")
     if args.output:
         try:

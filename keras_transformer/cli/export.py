@@ -137,6 +137,8 @@ def main(argv=None, prog=PROG):
     except saved_model.ExportError as error:
         print(f"{prog}: the export failed its check: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: no stack; a version is whole or absent
+        return 130
     except OSError as error:  # a full disk, say
         print(f"{prog}: {os_error_line(error)} Nothing was exported.", file=sys.stderr)
         return 1
