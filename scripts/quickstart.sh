@@ -29,3 +29,4 @@ printf '%s\n' \
   | "$kt" translate --export "$export_dir"
 echo "== 4/4 sacreBLEU of the export on the bundled test set"
 "$kt" evaluate --export "$export_dir" --test bundled --split test --limit 500
+echo "Translate your own sentences, one a line (Ctrl-D ends): $kt translate --export $export_dir"

@@ -6,6 +6,7 @@ samples that do not loop and a sacreBLEU far from a broken run's."""
 import os
 import re
 import string
+import subprocess
 
 import pytest
 
@@ -96,7 +97,16 @@ def test_the_quickstart_runs_end_to_end_and_prints_only_its_messages(quickstart)
         translations
     bleu = re.fullmatch(r"sacreBLEU: BLEU = (\d+\.\d\d) .*", out[headers[3] + 1])
     assert bleu and float(bleu.group(1)) >= MIN_BLEU, out
-    assert re.fullmatch(r"500 sentences in [\d.]+ s \([\d.]+ sentences/s\)", out[-1]), out[-1]
+    assert re.fullmatch(r"500 sentences in [\d.]+ s \([\d.]+ sentences/s\)", out[-2]), out[-2]
+    # Its last line tells how to go on, and that command translates what is typed.
+    hint = "Translate your own sentences, one a line (Ctrl-D ends): "
+    assert out[-1] == f"{hint}.venv/bin/keras-transformer translate --export {quickstart.export}"
+    shell = {key: value for key, value in os.environ.items()
+             if not key.startswith(("TF_", "KERAS_"))}  # as a new user's
+    typed = subprocess.run(out[-1][len(hint):].split(), input="Jesus wept.\nLove.\n",
+                           capture_output=True, text=True, cwd=ROOT, env=shell, timeout=600)
+    assert typed.returncode == 0 and typed.stderr == "", typed.stderr[-3000:]
+    assert len(typed.stdout.splitlines()) == 2 and all(typed.stdout.splitlines()), typed.stdout
     assert os.path.exists(os.path.join(quickstart.export, "1", "saved_model.pb"))
     # The README's transcript is of this command as it is now: each of its lines but
     # the samples begins with the words a line printed here begins with (its first
