@@ -287,8 +287,8 @@ def _check_lengths(sentences, max_input_chars, first_number=1):
         first = too_long[0]
         others = f" (and {len(too_long) - 1} more)" if len(too_long) > 1 else ""
         raise ValueError(
-            f"sentence {first + first_number}{others} is longer than the translator's max_input_chars="
-            f"{max_input_chars} characters (a limit set at export): "
+            f"sentence {first + first_number}{others} is longer than the translator's "
+            f"max_input_chars={max_input_chars} characters (a limit set at export): "
             f"{len(sentences[first])} characters; split it, or export with a larger "
             "--max-input-chars")
 

@@ -150,7 +150,8 @@ MUTANTS = [
     # translate --alpha and --weights ignored.
     mutant("translate-alpha-ignored", "keras_transformer/cli/translate.py",
            "settings = {name: getattr(args, name) for name in REQUEST_SETTINGS}",
-           "settings = {name: getattr(args, name) for name in REQUEST_SETTINGS if name != 'alpha'}",
+           "settings = {name: getattr(args, name) for name in REQUEST_SETTINGS "
+           "if name != 'alpha'}",
            ["tests/test_cli.py::test_decoding_flags_and_weights_reach_the_search"]),
     # translate reads a terminal or a pipe to its end before answering: a person
     # typing sees nothing until Ctrl-D, a program waiting for each answer hangs.

@@ -103,6 +103,8 @@ def test_translate_sentences_keeps_within_the_request_limits(translator, tokeniz
     with pytest.raises(ValueError, match=r"sentence 3 \(and 1 more\) is longer than the "
                                          r"translator's max_input_chars=60 .*: 61 characters"):
         evaluation.translate_sentences(limited, ["a", "b", "x" * 61, "y" * 70])
+    with pytest.raises(ValueError, match=r"^sentence 12 \(and 1 more\) is longer"):
+        evaluation.translate_sentences(limited, ["a", "b", "x" * 61, "y" * 70], first_number=10)
     assert not calls
 
 
