@@ -5,6 +5,7 @@ import errno
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -257,6 +258,7 @@ def test_a_run_passed_as_an_export_and_an_export_as_a_run_are_named(
     """translate, evaluate and export say which flag a run's or an export's
     directory belongs to (exit 2), instead of that it holds no SavedModel or
     no config.json."""
+    from keras_transformer.cli import common
     from keras_transformer.cli import evaluate
     from keras_transformer.cli import export
     from keras_transformer.cli import translate
@@ -286,6 +288,11 @@ def test_a_run_passed_as_an_export_and_an_export_as_a_run_are_named(
         assert module.main([*map(str, inputs[module]), flag, str(path), "--verbose"]) == 2
         assert capsys.readouterr().err == f"{module.PROG}: {message}"
     assert not (tmp_path / "out").exists()
+    # A run directory that an export was written into is still a run.
+    both = tmp_path / "both"
+    shutil.copytree(run_dir, both)
+    shutil.copytree(exported / "3", both / "1")
+    common.check_not_swapped(run=both)
 
 
 def test_export_on_a_full_disk_says_what_it_wrote(run_dir, tmp_path, monkeypatch, capsys):

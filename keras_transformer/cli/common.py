@@ -116,17 +116,20 @@ def load_command_translator(args):
 
 def check_not_swapped(export=None, run=None):
     """Raises FileNotFoundError, saying which flag it belongs to, where `export`
-    is a training run's directory or `run` an export's."""
+    is a training run's directory (its config.json, no SavedModel) or `run` an
+    export's (a SavedModel, no config.json: a run may hold an export too)."""
     from keras_transformer import export_files
     from keras_transformer import runs
 
-    if export is not None and not export_files.is_export(export) \
-            and os.path.exists(os.path.join(export, runs.CONFIG)):
+    def has_run_config(path):
+        return os.path.exists(os.path.join(path, runs.CONFIG))
+
+    if export is not None and not export_files.is_export(export) and has_run_config(export):
         raise FileNotFoundError(
             f"--export {export} is a training run's directory, not an export: translate "
             f"with the run itself (--run {export}), or export it first (keras-transformer "
             f"export --run {export} --out EXPORT)")
-    if run is not None and export_files.is_export(run):
+    if run is not None and export_files.is_export(run) and not has_run_config(run):
         raise FileNotFoundError(
             f"--run {run} is an export, not a training run's directory: translate and "
             f"evaluate it with --export {run}")
