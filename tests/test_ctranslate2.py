@@ -84,9 +84,12 @@ def test_bad_requests(tokenizer, tmp_path):
 @pytest.mark.slow
 @pytest.mark.alone  # the quickstart's run: 8 minutes of training, once per session
 def test_same_translations_as_our_beam_search_and_int8_bleu(quickstart, tmp_path):
-    """The quickstart's model (cpu-small, trained for 8 minutes: it translates) in
-    both engines: 200 bundled test sentences, beam 4, length penalty off (the
-    engines normalize differently)."""
+    """The quickstart's model (trained for 8 minutes: it translates) in both
+    engines: 200 bundled test sentences, beam 4, length penalty off (the engines
+    normalize differently), and the source text as written in both: our
+    recasing of sentences in small letters only is off, CTranslate2 has none
+    (with it on, the fragments among the 200, such as "or has found that which
+    was lost, ...", are translated as "Or has found ..." by ours only)."""
     import sacrebleu
 
     from keras_transformer import data
@@ -104,12 +107,17 @@ def test_same_translations_as_our_beam_search_and_int8_bleu(quickstart, tmp_path
     pairs = list(data.load_parallel("bundled", "test").take(200).as_numpy_iterator())
     sources = [pair["source"].decode() for pair in pairs]
     references = [[pair["target"].decode() for pair in pairs]]
-    translator = serving.Translator(model, tokenizer, alpha=0.0)
+    translator = serving.Translator(model, tokenizer, alpha=0.0, recase_capitals=False)
     ours = [text.decode() for start in range(0, 200, 50) for text in
             translator.translate(tf.constant(sources[start:start + 50]))["translation"].numpy()]
     float32 = ctranslate2_model.translate_ctranslate2(str(tmp_path / "float32"), sources)
     int8 = ctranslate2_model.translate_ctranslate2(str(tmp_path / "int8"), sources)
-    assert sum(a == b for a, b in zip(ours, float32)) >= 198  # 99%
+    # 200 of 200 measured (three models: two recipes, a CPU with AVX512 and held
+    # to AVX2); one is allowed to a near tie: two float32 engines summing in other
+    # orders can rank the beam's 4th and 5th hypotheses apart where they are
+    # within 1e-3 of each other (seen: 6.7e-4).
+    agree = sum(a == b for a, b in zip(ours, float32))
+    assert agree >= 199, [(s, a, b) for s, a, b in zip(sources, ours, float32) if a != b]
     bleu = {name: sacrebleu.corpus_bleu(hypotheses, references).score
             for name, hypotheses in (("float32", float32), ("int8", int8))}
     print(f"sacreBLEU on 200 test sentences: {bleu}")
