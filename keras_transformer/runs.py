@@ -1,21 +1,7 @@
 """The run directory that `train.py` writes and everything else reads: `Run`.
 
-    RUN/config.json           {"model": TransformerConfig, "training": TrainingConfig,
-                               "vocab_sha256": the vocabulary's digest}
-    RUN/vocab/                the shared subword vocabulary (`SubwordTokenizer.save`)
-    RUN/checkpoints/          ckpt-<step>.weights.h5 (model and optimizer) and, beside
-                              each, ckpt-<step>.rng.npy (dropout's random state) and
-                              ckpt-<step>.clock.json (the time the run had spent)
-    RUN/logs/, RUN/log.csv    TensorBoard and CSV logs, one row per checkpoint
-    RUN/averaged.weights.h5   the average of the last checkpoints (Sec. 6.1)
-    RUN/decoding.json         the decoding chosen on dev pairs when training ended:
-                              {"alpha", "no_repeat_ngram_size", "block_adjacent_repeats"
-                              (if true), "sentences",
-                              "tried": [{"alpha", "no_repeat_ngram_size", "bleu"}]}
-    RUN/model.keras           the final model, compiled, with its optimizer
-    RUN/.lock                 names the trainer writing the run (`durable.RunLock`)
-
-`Run` knows where each of these is and reads and writes them; `Checkpoints`
+Its files, and what each holds, are listed in `run_files.py`; `Run` knows
+where each is and reads and writes them; `Checkpoints`
 names and lists the checkpoints. What a run started again with the same
 directory may change is settled in `run_configs.py`.
 
@@ -27,7 +13,6 @@ import glob
 import hashlib
 import json
 import os
-import re
 import shutil
 import zipfile
 
@@ -37,18 +22,17 @@ from keras_transformer import durable
 from keras_transformer.config import TransformerConfig
 from keras_transformer.data import SubwordTokenizer
 from keras_transformer.model import build_transformer
-
-CONFIG = "config.json"
-VOCAB = "vocab"
-CHECKPOINTS = "checkpoints"
-TENSORBOARD_LOGS = "logs"
-CSV_LOG = "log.csv"
-AVERAGED_WEIGHTS = "averaged.weights.h5"
-DECODING = "decoding.json"
-FINAL_MODEL = "model.keras"
-LOCK = durable.LOCK  # the lock's own module names its file
-WEIGHTS = {"averaged": AVERAGED_WEIGHTS, "final": FINAL_MODEL}
-CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.weights\.h5$")
+from keras_transformer.run_files import AVERAGED_WEIGHTS
+from keras_transformer.run_files import CHECKPOINT_PATTERN
+from keras_transformer.run_files import CHECKPOINTS
+from keras_transformer.run_files import CONFIG
+from keras_transformer.run_files import CSV_LOG
+from keras_transformer.run_files import DECODING
+from keras_transformer.run_files import FINAL_MODEL
+from keras_transformer.run_files import LOCK
+from keras_transformer.run_files import TENSORBOARD_LOGS
+from keras_transformer.run_files import VOCAB
+from keras_transformer.run_files import WEIGHTS
 
 
 def _write_json(path, values, sort_keys=False):

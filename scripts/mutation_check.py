@@ -164,7 +164,7 @@ MUTANTS = [
            ["tests/test_cli.py::test_stdin_chunks_answer_each_line_once_no_more_are_waiting"]),
     # A run's directory passed as --export: "holds no SavedModel", not which flag.
     mutant("run-passed-as-an-export-unnamed", "keras_transformer/cli/common.py",
-           "check_not_swapped(export=args.export, run=args.run)", "pass",
+           "check_not_swapped(parser, export=args.export, run=args.run)", "pass",
            ["tests/test_cli.py::test_a_run_passed_as_an_export_and_an_export_as_a_run_are_named"]),
     mutant("translate-weights-ignored", "keras_transformer/cli/common.py",
            "return loading.load_translator(args.export, args.run, args.weights, **settings)",

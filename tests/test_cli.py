@@ -253,18 +253,14 @@ def test_a_full_disk_keeps_the_output_file_that_was_there_and_says_so(
         assert sorted(os.listdir(tmp_path)) == ["out.txt", "source.txt"]
 
 
-def test_a_run_passed_as_an_export_and_an_export_as_a_run_are_named(
-        run_dir, tmp_path, monkeypatch, capsys):
+def test_a_run_passed_as_an_export_and_an_export_as_a_run_are_named(run_dir, tmp_path, capsys):
     """translate, evaluate and export say which flag a run's or an export's
-    directory belongs to (exit 2), instead of that it holds no SavedModel or
-    no config.json."""
-    from keras_transformer.cli import common
+    directory belongs to (exit 2) as they check their flags, before TensorFlow
+    starts, instead of that it holds no SavedModel or no config.json."""
     from keras_transformer.cli import evaluate
     from keras_transformer.cli import export
     from keras_transformer.cli import translate
 
-    for name in ("TF_ENABLE_ONEDNN_OPTS", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"):
-        monkeypatch.setenv(name, os.environ.get(name, "1"))
     exported = tmp_path / "export"
     (exported / "3").mkdir(parents=True)
     (exported / "3" / "saved_model.pb").write_bytes(b"")
@@ -285,14 +281,20 @@ def test_a_run_passed_as_an_export_and_an_export_as_a_run_are_named(
              (export, "--run", exported, export_as_run)]
     for module, flag, path, message in cases:
         capsys.readouterr()
-        assert module.main([*map(str, inputs[module]), flag, str(path), "--verbose"]) == 2
+        with pytest.raises(SystemExit) as exited:  # parse_args: before start_decoding
+            module.parse_args([*map(str, inputs[module]), flag, str(path)])
+        assert exited.value.code == 2
         assert capsys.readouterr().err == f"{module.PROG}: {message}"
-    assert not (tmp_path / "out").exists()
-    # A run directory that an export was written into is still a run.
+    # A run directory that an export was written into is still a run; an
+    # export and a run each where they belong pass.
     both = tmp_path / "both"
     shutil.copytree(run_dir, both)
     shutil.copytree(exported / "3", both / "1")
-    common.check_not_swapped(run=both)
+    for module, flag, path in ((export, "--run", both), (translate, "--run", both),
+                               (translate, "--export", exported),
+                               (evaluate, "--export", exported)):
+        assert getattr(module.parse_args([*map(str, inputs[module]), flag, str(path)]),
+                       flag[2:]) == str(path)
 
 
 def test_export_on_a_full_disk_says_what_it_wrote(run_dir, tmp_path, monkeypatch, capsys):

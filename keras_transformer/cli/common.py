@@ -15,6 +15,8 @@ import sys
 import threading
 import warnings
 
+from keras_transformer import export_files
+from keras_transformer import run_files
 from keras_transformer.durable import FULL
 from keras_transformer.durable import write_atomically
 
@@ -91,7 +93,6 @@ def parallel_searches(export=None, run=None):
     runs, read before TensorFlow starts: the number an export recorded (1 for
     exports from before the setting), or for a run the default on a CPU
     (`hardware.cpu_parallel_searches`)."""
-    from keras_transformer import export_files
     from keras_transformer import hardware
 
     if export is not None:
@@ -109,28 +110,22 @@ def load_command_translator(args):
     from keras_transformer import loading
     from keras_transformer.decoding_config import one_beam_size
 
-    check_not_swapped(export=args.export, run=args.run)
     settings = {} if args.run is None else one_beam_size(args.beam_size)
     return loading.load_translator(args.export, args.run, args.weights, **settings)
 
 
-def check_not_swapped(export=None, run=None):
-    """Raises FileNotFoundError, saying which flag it belongs to, where `export`
-    is a training run's directory (its config.json, no SavedModel) or `run` an
-    export's (a SavedModel, no config.json: a run may hold an export too)."""
-    from keras_transformer import export_files
-    from keras_transformer import runs
-
-    def has_run_config(path):
-        return os.path.exists(os.path.join(path, runs.CONFIG))
-
-    if export is not None and not export_files.is_export(export) and has_run_config(export):
-        raise FileNotFoundError(
+def check_not_swapped(parser, export=None, run=None):
+    """Refuses, before TensorFlow starts, saying which flag it belongs to, an
+    `export` that is a training run's directory (its config.json, no SavedModel)
+    or a `run` that is an export's (a SavedModel, no config.json: a run may hold
+    an export too)."""
+    if export is not None and not export_files.is_export(export) and run_files.is_run(export):
+        parser.refuse(
             f"--export {export} is a training run's directory, not an export: translate "
             f"with the run itself (--run {export}), or export it first (keras-transformer "
             f"export --run {export} --out EXPORT)")
-    if run is not None and export_files.is_export(run) and not has_run_config(run):
-        raise FileNotFoundError(
+    if run is not None and export_files.is_export(run) and not run_files.is_run(run):
+        parser.refuse(
             f"--run {run} is an export, not a training run's directory: translate and "
             f"evaluate it with --export {run}")
 
@@ -284,6 +279,7 @@ def check_translator_flags(parser, args):
     for flag, path in (("--export", args.export), ("--run", args.run)):
         if path is not None and not os.path.isdir(path):
             parser.error(f"{flag} {path} is not a directory")
+    check_not_swapped(parser, export=args.export, run=args.run)
     if args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1. Received: {args.batch_size}")
 
@@ -371,7 +367,11 @@ class OneLineErrorParser(argparse.ArgumentParser):
                           help="show TensorFlow's and sentencepiece's own log lines")
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+        self.refuse(f"{message} (see --help)")
+
+    def refuse(self, message):
+        """Exits 2 with `message`, one line that says what to do instead."""
+        self.exit(2, f"{self.prog}: {message}\n")
 
     def check_output(self, flag, path):
         """Refuses an output file that could not be written, before any work

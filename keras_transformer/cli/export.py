@@ -81,6 +81,7 @@ def parse_args(argv, prog=PROG):
     args = parser.parse_args(argv)
     if not os.path.isdir(args.run):
         parser.error(f"--run {args.run} is not a directory")
+    check_not_swapped(parser, run=args.run)
     if args.warmup_file is not None and not os.path.isfile(args.warmup_file):
         parser.error(f"--warmup-file {args.warmup_file} does not exist")
     if args.format == "ctranslate2" and args.precision != "float32":
@@ -106,7 +107,6 @@ def main(argv=None, prog=PROG):
     from keras_transformer import serving
 
     try:
-        check_not_swapped(run=args.run)
         run = runs.Run(args.run)
         model, tokenizer, run_config = run.load(args.weights)
         if args.format == "ctranslate2":
