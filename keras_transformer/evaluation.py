@@ -279,7 +279,7 @@ def _request_limits(translator):
     return {name: settings[name] for name in names if name in settings}
 
 
-def _check_lengths(sentences, max_input_chars, first_number=1):
+def _check_lengths(sentences, max_input_chars, first_number):
     if not max_input_chars:
         return
     too_long = [i for i, sentence in enumerate(sentences) if len(sentence) > max_input_chars]
