@@ -134,6 +134,7 @@ def test_the_quickstarts_export_decodes_as_its_run_chose(quickstart):
     import json
 
     from keras_transformer import evaluation
+    from keras_transformer.decoding_config import REQUEST_SETTING_DTYPES
 
     assert quickstart.result.returncode == 0, quickstart.result.stderr[-3000:]
     with open(os.path.join(quickstart.run, "decoding.json")) as f:
@@ -160,8 +161,8 @@ def test_the_quickstarts_export_decodes_as_its_run_chose(quickstart):
         aligned = tf.saved_model.load(
             os.path.join(quickstart.export, "1")).signatures["translate_aligned"]
         sources = [source for source, _ in first_test_pairs()]
-        knobs = {name: tf.constant(exported[name]) for name in
-                 ("beam_size", "alpha", "extra_length", "no_repeat_ngram_size")}
+        knobs = {name: tf.constant(exported[name], dtype)
+                 for name, dtype in REQUEST_SETTING_DTYPES.items()}
         translations, pieces = [], []
         for start in range(0, len(sources), 50):
             outputs = aligned(text=tf.constant(sources[start:start + 50]), **knobs)
