@@ -22,6 +22,11 @@ from keras_transformer.config import PRECISIONS as TRAINING_PRECISIONS
 
 # The weights' and matrix multiplies' type; "auto" is chosen for this machine.
 PRECISIONS = ("float32", "bfloat16", "float16", AUTO)
+# What a run's translations decode in, whatever precision it trained in: its
+# export's by default (export --precision), translate and evaluate --run, and
+# train's own translations (dev BLEU, the decoding it chooses, test BLEU), so
+# that each BLEU train prints is the one its export and --run give.
+RUN_PRECISION = "float32"
 # Also what a model trained with mixed precision runs under as it is.
 MIXED_PRECISIONS = tuple(name for name in TRAINING_PRECISIONS if name.startswith("mixed_"))
 DEFAULT_BEAM_SIZES = (1, 2, 4, 8)

@@ -11,6 +11,7 @@ import tensorflow as tf
 from keras_transformer import export_files
 from keras_transformer import runs
 from keras_transformer import serving
+from keras_transformer.decoding_config import RUN_PRECISION
 
 
 def translator_from_run(run_dir, weights="averaged", config=None, **settings):
@@ -21,13 +22,15 @@ def translator_from_run(run_dir, weights="averaged", config=None, **settings):
         weights: "averaged" (the paper's average of the last checkpoints) or
             "final" (the last step's model); see `runs.Run.load`.
         config: the `DecodingConfig` (default: the paper's decoding with the
-            length penalty the run chose on its dev set, `runs.Run.decoding_settings`).
+            length penalty the run chose on its dev set, `runs.Run.decoding_settings`,
+            in the precision of a run's translations, `RUN_PRECISION`, whatever
+            it trained in).
         **settings: `DecodingConfig` fields that replace the config's.
     """
     run = runs.Run(run_dir)
     model, tokenizer, _ = run.load(weights)
     if config is None:
-        settings = {**run.decoding_settings(), **settings}
+        settings = {"precision": RUN_PRECISION, **run.decoding_settings(), **settings}
     return serving.Translator(model, tokenizer, config, **settings)
 
 

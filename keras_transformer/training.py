@@ -544,8 +544,9 @@ class LearningRateLogger(keras.callbacks.Callback):
 
 class BleuEvaluation(keras.callbacks.Callback):
     """Every `every_epochs` epochs, translates dev pairs with the model's current
-    weights (beam search with the paper's settings) and adds their sacreBLEU to
-    the logs as `bleu`.
+    weights (beam search with the paper's settings, in the precision of a run's
+    translations, `RUN_PRECISION`, as `evaluate --run --weights final` does) and
+    adds their sacreBLEU to the logs as `bleu`.
 
     Args:
         tokenizer: the model's `SubwordTokenizer`.
@@ -569,10 +570,12 @@ class BleuEvaluation(keras.callbacks.Callback):
         # Imported here: sacrebleu and the translator only for runs that score BLEU.
         from keras_transformer import evaluation
         from keras_transformer import serving
+        from keras_transformer.decoding_config import RUN_PRECISION
         from keras_transformer.decoding_config import one_beam_size
 
         # A new translator each time: it copies the weights it multiplies by.
-        translator = serving.Translator(self.model, self.tokenizer, **one_beam_size())
+        translator = serving.Translator(self.model, self.tokenizer, **one_beam_size(),
+                                        precision=RUN_PRECISION)
         logs["bleu"] = float(evaluation.evaluate(translator, self.pairs)["bleu"])
 
 

@@ -163,6 +163,11 @@ MUTANTS = [
            "if lines and len(lines) >= most:",
            ["tests/test_cli.py::test_stdin_chunks_answer_each_line_once_no_more_are_waiting"]),
     # A run's directory passed as --export: "holds no SavedModel", not which flag.
+    # train chooses the decoding and scores its test BLEU in bfloat16 after a
+    # mixed_bfloat16 run, while its export and --run commands decode in float32.
+    mutant("train-translates-in-its-training-precision", "keras_transformer/cli/train.py",
+           "precision=RUN_PRECISION)", ")",
+           ["tests/test_train_cli.py::test_train_translates_as_its_export_and_run_commands_do"]),
     mutant("run-passed-as-an-export-unnamed", "keras_transformer/cli/common.py",
            "check_not_swapped(parser, export=args.export, run=args.run)", "pass",
            ["tests/test_cli.py::test_a_run_passed_as_an_export_and_an_export_as_a_run_are_named"]),

@@ -1,6 +1,7 @@
 """train.py as a user runs it: errors, and a run killed and resumed."""
 
 import csv
+import dataclasses
 import glob
 import json
 import os
@@ -22,14 +23,19 @@ import keras_transformer as kt  # also registers the classes model.keras holds
 from keras_transformer import budget
 from keras_transformer import data
 from keras_transformer import evaluation
+from keras_transformer import loading
 from keras_transformer import runs
 from keras_transformer import run_configs
 from keras_transformer import training
 from keras_transformer.cli import train
 from keras_transformer.config import TrainingConfig
 from keras_transformer.config import TransformerConfig
+from keras_transformer.decoding_config import one_beam_size
 from tests import python_path
 from tests.test_distributed import free_ports
+from tests.translation_fixtures import make_model
+from tests.translation_fixtures import make_run_dir
+from tests.translation_fixtures import strings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Small and quick: a 600-token vocabulary, short sentences, tiny batches.
@@ -660,10 +666,12 @@ def test_a_diverged_run_exits_1_with_its_last_good_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_dev_bleu_in_the_logs_equals_evaluate_py(tmp_path):
     run = str(tmp_path / "run")
-    # Long enough for some words of the references to come out (BLEU > 0).
+    # Long enough for some words of the references to come out (BLEU > 0); in
+    # mixed_bfloat16 on every CPU, while evaluate --run decodes in float32, as the
+    # dev BLEU does (`RUN_PRECISION`).
     result = _train([*QUICK, "--steps", "150", "--checkpoint-every", "50", "--bleu-every", "50",
                      "--warmup-steps", "20", "--learning-rate-scale", "0.5",
-                     "--bleu-sentences", "32", "--out", run])
+                     "--bleu-sentences", "32", "--precision", "mixed_bfloat16", "--out", run])
     assert result.returncode == 0, result.stderr
     with open(os.path.join(run, "log.csv")) as f:
         logged = [float(row["bleu"]) for row in csv.DictReader(f)]
@@ -730,11 +738,11 @@ def test_main_job_end_to_end(tmp_path):
     evaluation.choose_decoding chooses), and the test BLEU it prints, as evaluate --run
     scores it. The export of that decoding: tests/test_quickstart.py, on the quickstart's run."""
     run = str(tmp_path / "run")
-    # float32: train decodes in the precision it trained in, while translate and evaluate
-    # --run build the run's model in float32, and a 6-step model's near-ties flip
-    # between the two (0.13 against 0.14 with mixed_bfloat16 on a Zen 4, 2026-11-29).
+    # mixed_bfloat16 on every CPU: train's translations decode in float32 as evaluate
+    # --run's do (`train.run_translators`); in bfloat16, this 6-step model's near
+    # ties flipped (test BLEU 0.13 against 0.14 on a Zen 4, 2026-11-29).
     trained = _train([*QUICK, "--test-sentences", "5", "--alpha-sentences", "8",
-                      "--precision", "float32", "--out", run])
+                      "--precision", "mixed_bfloat16", "--out", run])
     assert trained.returncode == 0, trained.stderr
     assert "Test BLEU on 5 sentences" in trained.stdout
     for name in ("config.json", "averaged.weights.h5", "model.keras", "vocab", "decoding.json"):
@@ -807,6 +815,33 @@ def test_pairs_left_out_for_their_length_are_counted_before_training(tokenizer, 
     train.make_batches(config, tokenizer, pairs, pairs, tf.distribute.get_strategy())
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "Left out 4 training pairs longer than 32 tokens (--max-sentence-tokens).", out
+
+
+def test_train_translates_as_its_export_and_run_commands_do(tokenizer, tmp_path):
+    """The translators with which train chooses the decoding and scores its test
+    BLEU search as its export and translate and evaluate --run do, whatever it
+    trained in: a mixed_bfloat16 run's averaged model decodes in float32 there, so the BLEU
+    train prints is theirs. Its own bfloat16 search ranks other translations first
+    (the quickstart's model chose alpha 1.0 and scored 25.59 in bfloat16, where its
+    export scores 26.18 with alpha 1.2: Zen 4, 2026-11-30). This random model's
+    bfloat16 search gives other translations for 3 of these 6 sentences (mutant
+    `train-translates-in-its-training-precision`)."""
+    keras.config.set_dtype_policy("mixed_bfloat16")  # as train sets it for such a run
+    model = make_model(tokenizer.vocab_size)
+    run = make_run_dir(tmp_path / "run", tokenizer, model)
+    translators = train.run_translators(model, tokenizer)
+    keras.config.set_dtype_policy("float32")  # a fresh process's: evaluate --run's
+    sentences = tf.constant([pair["source"] for pair in
+                             data.load_parallel("bundled", "dev").take(6).as_numpy_iterator()])
+    theirs = loading.translator_from_run(run, **one_beam_size(), block_adjacent_repeats=True)
+    assert sorted(translators) == [False, True]
+    for adjacent, translator in translators.items():
+        assert translator.config == dataclasses.replace(theirs.config,
+                                                        block_adjacent_repeats=adjacent)
+    # Their searches' numbers (the other's differs in its blocking alone).
+    ours, theirs = (t.translate(sentences) for t in (translators[True], theirs))
+    assert strings(ours["translation"]) == strings(theirs["translation"])
+    np.testing.assert_allclose(ours["score"], theirs["score"], rtol=1e-5)
 
 
 def test_ctrl_c_stops_at_its_step_and_says_where_the_run_resumes_without_a_stack(tmp_path):

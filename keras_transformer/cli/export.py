@@ -27,6 +27,7 @@ from keras_transformer.cli.common import os_error_line
 from keras_transformer.cli.common import start_decoding
 from keras_transformer.ctranslate2_model import QUANTIZATIONS
 from keras_transformer.decoding_config import REQUEST_SETTINGS
+from keras_transformer.decoding_config import RUN_PRECISION
 
 
 # How messages name the command (the clone's export.py passes its own name).
@@ -36,12 +37,12 @@ DECODING_FLAGS = (*REQUEST_SETTINGS, "block_adjacent_repeats", "recase_capitals"
                   "beam_sizes", "max_input_length", "max_batch_size",
                   "max_input_chars", "jit_compile", "xla_max_batch_size", "precision",
                   "parallel_searches")
-# The export chooses XLA for the machine it runs on; the weights stay float32
-# unless --precision says otherwise.
 # The decoding a run chose on its dev set (`runs.Run.decoding_settings`): an
 # absent flag leaves it to the run.
 RUN_CHOSEN = ("alpha", "no_repeat_ngram_size", "block_adjacent_repeats")
-FLAG_DEFAULTS = {"jit_compile": "auto", "precision": "float32", **dict.fromkeys(RUN_CHOSEN)}
+# The export chooses XLA for the machine it runs on, and decodes in the precision
+# of a run's translations (float32) unless --precision says otherwise.
+FLAG_DEFAULTS = {"jit_compile": "auto", "precision": RUN_PRECISION, **dict.fromkeys(RUN_CHOSEN)}
 
 
 def parse_args(argv, prog=PROG):

@@ -32,6 +32,7 @@ from keras_transformer.cli.common import os_error_line
 from keras_transformer.cli.common import quiet_libraries
 from keras_transformer.cli.common import use_compilation_cache
 from keras_transformer.cli.common import use_xla_gpu_flags
+from keras_transformer.decoding_config import RUN_PRECISION
 from keras_transformer.decoding_config import one_beam_size
 
 # TransformerConfig fields that train sets itself: the vocabulary's size and the
@@ -153,7 +154,6 @@ def run(args, fields, model_overrides, explicit, start, prog=PROG):
     from keras_transformer import distributed
     from keras_transformer import run_configs
     from keras_transformer import runs
-    from keras_transformer import serving
     from keras_transformer import training
 
     account = budget.TimeAccount(start["wall"])
@@ -221,11 +221,7 @@ def run(args, fields, model_overrides, explicit, start, prog=PROG):
     # on dev pairs, save,
     # and translate test sentences ===
     averaged = save(model, run_dir, config, step, clock, account)
-    # Their searches of the default beam traced once, for both: the paper's, and
-    # one that also blocks runs of words repeated right after themselves.
-    translators = {adjacent: serving.Translator(averaged, tokenizer, **one_beam_size(),
-                                                block_adjacent_repeats=adjacent)
-                   for adjacent in (False, True)}
+    translators = run_translators(averaged, tokenizer)
     decoding = choose_decoding(translators, dev_pairs, run_dir, config, account)
     print(account.line(), flush=True)
     if config.test_sentences:
@@ -467,6 +463,22 @@ def save(model, run_dir, config, step, clock, account):
           f"({config.time_budget_clock} clock); averaged the last {len(last)} checkpoints "
           f"into {run_dir.averaged_weights}", flush=True)
     return averaged
+
+
+def run_translators(averaged, tokenizer):
+    """`{block_adjacent_repeats: Translator}` of the averaged weights, for the
+    decoding train chooses and its test BLEU: the paper's search, and one that
+    also blocks runs of words repeated right after themselves, each tracing the
+    default beam's only. They decode in the precision of a run's translations
+    (`RUN_PRECISION`), as its export and translate and evaluate --run do, whatever
+    the run trained in: a mixed-precision model's own search ranks near ties
+    otherwise, and would choose and score another decoding than theirs."""
+    from keras_transformer import serving
+
+    return {adjacent: serving.Translator(averaged, tokenizer, **one_beam_size(),
+                                         block_adjacent_repeats=adjacent,
+                                         precision=RUN_PRECISION)
+            for adjacent in (False, True)}
 
 
 def choose_decoding(translators, dev_pairs, run_dir, config, account):
