@@ -168,6 +168,12 @@ MUTANTS = [
     mutant("train-translates-in-its-training-precision", "keras_transformer/cli/train.py",
            "precision=RUN_PRECISION)", ")",
            ["tests/test_train_cli.py::test_train_translates_as_its_export_and_run_commands_do"]),
+    # A missing test file is found once training has ended, not as it starts.
+    mutant("test-file-unchecked-at-the-start", "keras_transformer/cli/train.py",
+           'check_corpus_files(config.data, ("train", "dev", "test")[:3 if config.test_sentences '
+           'else 2])',
+           'check_corpus_files(config.data, ("train", "dev"))',
+           ["tests/test_train_cli.py::test_the_dev_and_test_files_are_checked_before_training"]),
     mutant("run-passed-as-an-export-unnamed", "keras_transformer/cli/common.py",
            "check_not_swapped(parser, export=args.export, run=args.run)", "pass",
            ["tests/test_cli.py::test_a_run_passed_as_an_export_and_an_export_as_a_run_are_named"]),

@@ -145,6 +145,52 @@ def test_train_has_xla_take_gemms_from_cublas_unless_told(flags, expected, tmp_p
     assert os.environ["XLA_FLAGS"] == expected
 
 
+def test_the_dev_and_test_files_are_checked_before_training(tmp_path, capsys):
+    """A missing dev or test file is named as train starts, with what train reads
+    it for and what to do, and so is a test file that does not align: not once
+    training has ended, which was when train read the test pairs, hours later on a
+    long run. Without test pairs to score (--test-sentences 0) none is needed."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    pairs = {split: [(p["source"].decode(), p["target"].decode()) for p in
+                     data.load_parallel("bundled", split).take(20).as_numpy_iterator()]
+             for split in ("train", "dev", "test")}
+
+    def write(split, side, lines):
+        (corpus / f"{split}.{side}").write_text("".join(line + "\n" for line in lines),
+                                                encoding="utf-8")
+
+    def error(*flags):
+        run = tmp_path / "run"
+        assert train.main(["--data", f"{corpus}/{{split}}.en,{corpus}/{{split}}.es",
+                           *flags, "--out", str(run), "--verbose"]) == 2
+        assert not run.exists()  # nothing written, no lock taken
+        lines = [line for line in capsys.readouterr().err.splitlines()
+                 if line.startswith("keras-transformer train:")]
+        assert len(lines) == 1, lines
+        return lines[0]
+
+    for side, column in (("en", 0), ("es", 1)):
+        write("train", side, [pair[column] for pair in pairs["train"]])
+    assert error().endswith(
+        f"{corpus}/dev.en does not exist or is not a file: the dev file of --data "
+        f"'{corpus}/{{split}}.en,{corpus}/{{split}}.es' (for the dev loss and the decoding it "
+        "chooses as it ends; hold out a few hundred pairs of the training files as dev pairs)")
+    for side, column in (("en", 0), ("es", 1)):
+        write("dev", side, [pair[column] for pair in pairs["dev"]])
+    assert error().endswith(f"{corpus}/test.en does not exist or is not a file: the test file "
+                            f"of --data '{corpus}/{{split}}.en,{corpus}/{{split}}.es' (for the "
+                            "test BLEU as it ends; give test pairs, or --test-sentences 0 to "
+                            "skip it)")
+    assert train.check_corpus_files(f"{corpus}/{{split}}.en,{corpus}/{{split}}.es",
+                                    ("train", "dev")) is None  # --test-sentences 0
+    write("test", "en", [pair[0] for pair in pairs["test"]])
+    write("test", "es", [pair[1] for pair in pairs["test"][:-1]])
+    assert error("--model", "tiny", "--vocab-size", "300", "--steps", "2").endswith(
+        f"{corpus}/test.en has 20 lines but {corpus}/test.es has 19; parallel files must "
+        "align line by line")
+
+
 def test_bad_flag_type_gives_one_line_from_a_quiet_process(tmp_path):
     """As a user runs it: no TensorFlow start-up lines, one line naming the flag."""
     result = _train(["--steps", "many", "--out", str(tmp_path / "run")])
@@ -701,15 +747,17 @@ def test_dev_bleu_in_the_logs_equals_evaluate_py(tmp_path):
 @pytest.mark.slow
 def test_multi_worker_run_trains_and_resumes(tmp_path):
     """Two workers on localhost (TF_CONFIG), one shared run directory that only the
-    chief writes, dev BLEU (beam search on the distributed model's weights) every
-    checkpoint; run again with more steps, both resume from its checkpoint."""
+    chief writes, dev BLEU (beam search on the distributed model's weights, copied
+    from mixed_bfloat16 to float32) every checkpoint; run again with more steps, both
+    resume from its checkpoint."""
     run = str(tmp_path / "run")
     workers = [f"localhost:{port}" for port in free_ports(2)]
 
     def train_on_two_workers(steps):
         processes = [
             _train([*QUICK, "--steps", str(steps), "--strategy", "multi_worker",
-                    "--bleu-every", "2", "--bleu-sentences", "4", "--out", run],
+                    "--bleu-every", "2", "--bleu-sentences", "4", "--precision",
+                    "mixed_bfloat16", "--out", run],
                    wait=False, capture=True,
                    TF_CONFIG=json.dumps({"cluster": {"worker": workers},
                                          "task": {"type": "worker", "index": index}}))

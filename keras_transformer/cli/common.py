@@ -210,11 +210,21 @@ def corpus_splits(data):
     return {"train": "train", "dev": "dev", "test": "test"}
 
 
+# What train reads each split's files for, and what to do without them.
+_SPLIT_USES = {
+    "train": "for the pairs it learns from",
+    "dev": "for the dev loss and the decoding it chooses as it ends; hold out a few hundred "
+           "pairs of the training files as dev pairs",
+    "test": "for the test BLEU as it ends; give test pairs, or --test-sentences 0 to skip it",
+}
+
+
 def check_corpus_files(data, splits):
     """Raises ValueError naming the first file of `splits` of a file corpus flag
-    (train --data) that does not exist: checked as the command starts, before the
-    device is probed and described, rather than when the pairs are loaded. The
-    bundled corpus and TFDS have no files to check here."""
+    (train --data) that does not exist, what train reads it for and what to do:
+    checked as the command starts, before the device is probed and described, not
+    when the pairs are loaded (a test file, as training ends). The bundled corpus
+    and TFDS have no files to check here."""
     if is_named_corpus(data):
         return
     source, names = corpus_source(data), corpus_splits(data)
@@ -223,7 +233,7 @@ def check_corpus_files(data, splits):
             path = path.replace("{split}", names[split])
             if not os.path.isfile(path):
                 raise ValueError(f"{path} does not exist or is not a file: the {split} "
-                                 f"file of --data {data!r}")
+                                 f"file of --data {data!r} ({_SPLIT_USES[split]})")
 
 
 def add_config_flags(parser, dataclass, defaults=True, skip=()):

@@ -165,8 +165,10 @@ def run(args, fields, model_overrides, explicit, start, prog=PROG):
     # must be on a filesystem all workers share (they read its vocab and checkpoints).
     chief = distributed.is_chief(strategy)
 
-    # === Data and the shared vocabulary ===
+    # === Data and the shared vocabulary; the test pairs read (and checked) now, not
+    # once training has ended ===
     train_pairs, dev_pairs = (load_pairs(config, split) for split in ("train", "dev"))
+    test_pairs = load_pairs(config, "test") if config.test_sentences else None
     if chief:  # one trainer per run directory, once the flags and data are checked
         run_dir.lock()
     tokenizer = run_dir.load_vocabulary(  # the other workers wait for the chief's
@@ -226,7 +228,7 @@ def run(args, fields, model_overrides, explicit, start, prog=PROG):
     print(account.line(), flush=True)
     if config.test_sentences:
         adjacent = decoding.pop("block_adjacent_repeats", False)
-        print_test_bleu(translators[adjacent], config, decoding)
+        print_test_bleu(translators[adjacent], test_pairs, config, decoding)
     return 0
 
 
@@ -245,7 +247,7 @@ def configure(args, fields, model_overrides, explicit):
 
     config, model_config, saved = run_configs.resolve_configs(
         args.out, fields, explicit, model_overrides, args.model_config)
-    check_corpus_files(config.data, ("train", "dev"))
+    check_corpus_files(config.data, ("train", "dev", "test")[:3 if config.test_sentences else 2])
     # The strategy first: a multi-worker one configures collectives, which must
     # happen before TensorFlow runs anything.
     strategy = distributed.make_strategy(config.strategy, tpu=args.tpu)
@@ -522,13 +524,12 @@ def decoding_line(settings, scores, sentences):
             f"{others}. Sec. 6.1's alpha 0.6 unless another scores higher)")
 
 
-def print_test_bleu(translator, config, decoding):
-    """Translates `config.test_sentences` test sentences with `translator` (the
-    averaged weights', beam search with the request settings `decoding`), prints
-    three of them and their sacreBLEU."""
+def print_test_bleu(translator, test_pairs, config, decoding):
+    """Translates the first `config.test_sentences` of `test_pairs` with
+    `translator` (the averaged weights', beam search with the request settings
+    `decoding`), prints three of them and their sacreBLEU."""
     from keras_transformer import evaluation
 
-    test_pairs = load_pairs(config, "test")
     result = evaluation.evaluate(translator, test_pairs, limit=config.test_sentences,
                                  **decoding)
     for pair, hypothesis in zip(test_pairs.take(3).as_numpy_iterator(), result["hypotheses"]):
