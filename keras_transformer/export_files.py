@@ -48,8 +48,19 @@ def translator_settings(path):
     """The translator settings an export recorded (`DecodingConfig.to_dict`'s
     keys; exports from before some settings lack them), {} where it recorded
     none."""
+    return _recorded(path).get("translator", {})
+
+
+def run_settings(path):
+    """The run an export was made of, as `keras-transformer export` recorded it
+    (its config.json's "model" and "training", "weights", "run_dir"), {} for an
+    export of the library's (`export_translator` without a config)."""
+    return _recorded(path).get("run", {})
+
+
+def _recorded(path):
     config = os.path.join(version_directory(path), "assets.extra", CONFIG_FILENAME)
     if not os.path.exists(config):
         return {}
     with open(config) as f:
-        return json.load(f).get("translator", {})
+        return json.load(f)

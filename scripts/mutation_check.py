@@ -174,6 +174,10 @@ MUTANTS = [
            'else 2])',
            'check_corpus_files(config.data, ("train", "dev"))',
            ["tests/test_train_cli.py::test_the_dev_and_test_files_are_checked_before_training"]),
+    # evaluate without --test scores the bundled pairs, whatever the run trained on.
+    mutant("evaluate-ignores-the-runs-corpus", "keras_transformer/cli/evaluate.py",
+           "trained = trained_corpus(args) if test is None else None", "trained = None",
+           ["tests/test_cli.py::test_evaluate_scores_the_corpus_the_run_trained_on_unless_told"]),
     mutant("run-passed-as-an-export-unnamed", "keras_transformer/cli/common.py",
            "check_not_swapped(parser, export=args.export, run=args.run)", "pass",
            ["tests/test_cli.py::test_a_run_passed_as_an_export_and_an_export_as_a_run_are_named"]),

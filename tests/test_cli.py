@@ -689,6 +689,61 @@ def test_evaluate_reads_corpora_as_train_does(tmp_path):
         evaluate.load_pairs(evaluate.parse_args(["--run", str(tmp_path), "--test", "no.tsv"]))
 
 
+def test_evaluate_scores_the_corpus_the_run_trained_on_unless_told(tmp_path):
+    """Without --test, evaluate scores the --split of the corpus that the --run,
+    or the run of the --export, trained on, in its direction: not the bundled
+    English-Spanish pairs, whatever the run translates (BLEU near 0, silently)."""
+    from keras_transformer import data
+    from keras_transformer import export_files
+    from keras_transformer.cli import evaluate
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split in ("dev", "test"):
+        (corpus / f"{split}.de").write_text(f"{split} eins\n{split} zwei\n")
+        (corpus / f"{split}.en").write_text(f"{split} one\n{split} two\n")
+    files = f"{corpus}/{{split}}.de,{corpus}/{{split}}.en"
+    run, export = tmp_path / "run", tmp_path / "export"
+    (export / "1" / "assets.extra").mkdir(parents=True)
+    (export / "1" / "saved_model.pb").write_bytes(b"")
+
+    def record(**training):
+        run.mkdir(exist_ok=True)
+        (run / "config.json").write_text(json.dumps({"model": {}, "training": training}))
+        (export / "1" / "assets.extra" / export_files.CONFIG_FILENAME).write_text(
+            json.dumps({"run": {"model": {}, "training": training}}))
+
+    def pairs(*flags, take=2):
+        found = []
+        for where in (["--run", str(run)], ["--export", str(export)]):
+            args = evaluate.parse_args([*where, *flags])
+            found.append([(p["source"].decode(), p["target"].decode()) for p in
+                          evaluate.load_pairs(args).take(take).as_numpy_iterator()])
+        assert found[0] == found[1], found  # the run's and its export's alike
+        return found[0]
+
+    record(data=files, source_language=None, target_language=None)
+    assert pairs() == [("test eins", "test one"), ("test zwei", "test two")]
+    assert pairs("--split", "dev", take=1) == [("dev eins", "dev one")]
+    bundled = data.load_parallel("bundled", "test").take(1).as_numpy_iterator()
+    english, spanish = (text.decode() for text in next(bundled).values())
+    assert pairs("--test", "bundled", take=1) == [(english, spanish)]
+    # A run of the bundled corpus from Spanish to English: scored in that direction.
+    record(data="bundled", source_language="es", target_language="en")
+    assert pairs(take=1) == [(spanish, english)]
+    assert pairs("--source-language", "en", take=1) == [(english, spanish)]
+    # The corpus's files seen from elsewhere (a relative --data): named, and what to do.
+    record(data="elsewhere/{split}.tsv", source_language=None, target_language=None)
+    with pytest.raises(FileNotFoundError, match=r"elsewhere/test.tsv does not exist or is not "
+                       r"a file: the test split of the corpus the run trained on \(--data "
+                       r"'elsewhere/\{split\}.tsv'\); pass --test to score another"):
+        evaluate.load_pairs(evaluate.parse_args(["--run", str(run)]))
+    # An export of the library's records no run: the bundled pairs.
+    (export / "1" / "assets.extra" / export_files.CONFIG_FILENAME).write_text("{}")
+    args = evaluate.parse_args(["--export", str(export)])
+    assert next(evaluate.load_pairs(args).as_numpy_iterator())["source"].decode() == english
+
+
 def test_translate_and_evaluate_show_the_progress_bar_as_the_library_decides(tmp_path):
     """Both commands leave the bar to `translate_sentences`'s "auto" (a terminal
     and 200 lines or more; tests/test_evaluation.py) unless a flag says."""

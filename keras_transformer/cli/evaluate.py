@@ -1,6 +1,6 @@
 """Translates a test set and prints its sacreBLEU score, signature and tokenized BLEU.
 
-    keras-transformer evaluate --export exports/demo                       # the bundled test split
+    keras-transformer evaluate --export exports/demo      # the test split of the run's corpus
     keras-transformer evaluate --run runs/demo --test bundled --split dev --limit 200
     keras-transformer evaluate --export exports/wmt --test tfds:wmt14_translate/de-en   # newstest2014
     keras-transformer evaluate --export exports/demo --src test.en --ref test.es --output hyps.es
@@ -16,6 +16,7 @@ import json
 import os
 import sys
 
+from keras_transformer import export_files
 from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import add_translator_flags
 from keras_transformer.cli.common import check_translator_flags
@@ -39,15 +40,19 @@ def parse_args(argv, prog=PROG):
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_translator_flags(parser, "pairs")
-    parser.add_argument("--test", default="bundled",
+    parser.add_argument("--test",
                         help="'bundled', 'tfds:NAME[/CONFIG]', a tab-separated file or "
                              "'SOURCE,TARGET' files, as train's --data (paths may hold "
-                             "'{split}', filled from --split)")
+                             "'{split}', filled from --split). Default: the corpus the run "
+                             "trained on, in its direction (train's --data and languages, "
+                             "as the run or export recorded them), else 'bundled'")
     parser.add_argument("--split", default="test", help="split of --test")
     parser.add_argument("--src", help="source file, one sentence a line (with --ref)")
     parser.add_argument("--ref", help="reference file aligned with --src")
-    parser.add_argument("--source-language", help="TFDS/bundled language key of the source")
-    parser.add_argument("--target-language", help="TFDS/bundled language key of the target")
+    parser.add_argument("--source-language", help="TFDS/bundled language key of the source "
+                                                  "(default: the run's, with its corpus)")
+    parser.add_argument("--target-language", help="TFDS/bundled language key of the target "
+                                                  "(default: the run's, with its corpus)")
     parser.add_argument("--limit", type=int, default=None, help="score the first N pairs")
     parser.add_argument("--output", help="write the translations here, one a line")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
@@ -66,23 +71,53 @@ def parse_args(argv, prog=PROG):
 
 
 def load_pairs(args):
+    """The pairs to score: --src and --ref, --test's --split, or without --test
+    that split of the corpus the run trained on (`trained_corpus`)."""
     from keras_transformer import data
 
     if args.src is not None:
         return data.load_parallel((args.src, args.ref))
-    source = corpus_source(args.test)
-    if is_named_corpus(args.test):
-        return data.load_parallel(
-            source, args.split, source_language=args.source_language,
-            target_language=args.target_language,
-        )
-    if "{split}" in args.test:  # as train's --data: 'corpus/{split}.tsv.gz'
-        return data.load_parallel(source, args.split)
+    test, languages = args.test, {"source_language": args.source_language,
+                                  "target_language": args.target_language}
+    trained = trained_corpus(args) if test is None else None
+    if trained is not None:
+        test = trained.pop("data")
+        if languages == dict.fromkeys(languages):  # none given: the run's direction
+            languages = trained
+    test = test or "bundled"
+    source = corpus_source(test)
+    if is_named_corpus(test):
+        return data.load_parallel(source, args.split, **languages)
+    if "{split}" in test:  # as train's --data: 'corpus/{split}.tsv.gz'
+        try:
+            return data.load_parallel(source, args.split)
+        except FileNotFoundError as error:
+            if trained is None:
+                raise
+            raise FileNotFoundError(f"{error}: the {args.split} split of the corpus the run "
+                                    f"trained on (--data {test!r}); pass --test to score "
+                                    "another") from error
     if not all(map(os.path.isfile, source if isinstance(source, tuple) else [source])):
         raise FileNotFoundError(
-            f"--test {args.test} is neither 'bundled', 'tfds:NAME' nor existing files"
+            f"--test {test} is neither 'bundled', 'tfds:NAME' nor existing files"
         )
     return data.load_parallel(source)
+
+
+def trained_corpus(args):
+    """`{"data", "source_language", "target_language"}`: train's settings of the
+    corpus that the --run, or the run of the --export, trained on; None where none
+    is recorded (an export of the library's)."""
+    if args.run is not None:
+        from keras_transformer import runs
+
+        recorded = runs.Run(args.run).read_config() or {}
+    else:
+        recorded = export_files.run_settings(args.export)
+    training = recorded.get("training", {})
+    if "data" not in training:
+        return None
+    return {name: training.get(name) for name in ("data", "source_language", "target_language")}
 
 
 def main(argv=None, prog=PROG):
