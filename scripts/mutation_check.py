@@ -178,6 +178,11 @@ MUTANTS = [
     mutant("evaluate-ignores-the-runs-corpus", "keras_transformer/cli/evaluate.py",
            "trained = trained_corpus(args) if test is None else None", "trained = None",
            ["tests/test_cli.py::test_evaluate_scores_the_corpus_the_run_trained_on_unless_told"]),
+    # Training pairs whose source is a held-out pair's stay: test pairs scored where learned.
+    mutant("held-out-sources-left-in-train", "keras_transformer/data/corpora.py",
+           "roles[left_out] = -1", "pass",
+           ["tests/data/test_corpora.py::"
+            "test_hold_out_draws_dev_and_test_with_the_seed_and_keeps_their_sources_out_of_train"]),
     mutant("run-passed-as-an-export-unnamed", "keras_transformer/cli/common.py",
            "check_not_swapped(parser, export=args.export, run=args.run)", "pass",
            ["tests/test_cli.py::test_a_run_passed_as_an_export_and_an_export_as_a_run_are_named"]),

@@ -738,6 +738,18 @@ def test_evaluate_scores_the_corpus_the_run_trained_on_unless_told(tmp_path):
                        r"a file: the test split of the corpus the run trained on \(--data "
                        r"'elsewhere/\{split\}.tsv'\); pass --test to score another"):
         evaluate.load_pairs(evaluate.parse_args(["--run", str(run)]))
+    # Files without splits: the pairs train held out of them, drawn by the run's seed.
+    (corpus / "all.de").write_text("".join(f"satz {i}\n" for i in range(40)))
+    (corpus / "all.en").write_text("".join(f"sentence {i}\n" for i in range(40)))
+    whole = f"{corpus}/all.de,{corpus}/all.en"
+    record(data=whole, source_language=None, target_language=None, seed=5)
+    held, _ = data.hold_out(data.load_parallel((f"{corpus}/all.de", f"{corpus}/all.en")), 5)
+    for split in ("test", "dev"):
+        assert pairs("--split", split) == [(p["source"].decode(), p["target"].decode())
+                                           for p in held[split].as_numpy_iterator()]
+    with pytest.raises(ValueError, match="--split validation: the run held dev and test pairs "
+                                         "out of --data"):
+        evaluate.load_pairs(evaluate.parse_args(["--run", str(run), "--split", "validation"]))
     # An export of the library's records no run: the bundled pairs.
     (export / "1" / "assets.extra" / export_files.CONFIG_FILENAME).write_text("{}")
     args = evaluate.parse_args(["--export", str(export)])

@@ -99,7 +99,8 @@ def assert_mean_of(averaged_path, checkpoint_paths, last):
         (["--data", "nowhere/{split}.en,nowhere/{split}.es"],
          "nowhere/train.en does not exist or is not a file: the train file of --data"),
         (["--data", "nowhere/{split}.tsv"], "nowhere/train.tsv does not exist"),
-        (["--data", "corpus.en,corpus.es"], "need a '{split}' placeholder"),
+        (["--data", "corpus.en,corpus.es"],
+         "corpus.en does not exist or is not a file: a file of --data 'corpus.en,corpus.es'"),
         (["--d-model", "256", "--num-heads", "3"], "d_model=256, num_heads=3"),
         (["--num-layers", "0"], "num_layers must be >= 1. Received: num_layers=0"),
         (["--dropout-rate", "1.5"], "dropout_rate=1.5"),
@@ -175,7 +176,8 @@ def test_the_dev_and_test_files_are_checked_before_training(tmp_path, capsys):
     assert error().endswith(
         f"{corpus}/dev.en does not exist or is not a file: the dev file of --data "
         f"'{corpus}/{{split}}.en,{corpus}/{{split}}.es' (for the dev loss and the decoding it "
-        "chooses as it ends; hold out a few hundred pairs of the training files as dev pairs)")
+        f"chooses as it ends; give dev pairs, or the training files alone (--data "
+        f"'{corpus}/train.en,{corpus}/train.es') to hold dev and test pairs out of them)")
     for side, column in (("en", 0), ("es", 1)):
         write("dev", side, [pair[column] for pair in pairs["dev"]])
     assert error().endswith(f"{corpus}/test.en does not exist or is not a file: the test file "
@@ -189,6 +191,31 @@ def test_the_dev_and_test_files_are_checked_before_training(tmp_path, capsys):
     assert error("--model", "tiny", "--vocab-size", "300", "--steps", "2").endswith(
         f"{corpus}/test.en has 20 lines but {corpus}/test.es has 19; parallel files must "
         "align line by line")
+
+
+def test_files_without_splits_hold_out_dev_and_test_pairs_as_the_seed_draws(tmp_path, capsys):
+    """--data of files without '{split}': train holds dev and test pairs out of them
+    (`data.hold_out` with --seed), says how many, and trains on the rest."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    pairs = [(p["source"].decode(), p["target"].decode()) for p in
+             data.load_parallel("bundled", "train").take(100).as_numpy_iterator()]
+    for side, column in (("en", 0), ("es", 1)):
+        (corpus / f"all.{side}").write_text("".join(pair[column] + "\n" for pair in pairs),
+                                            encoding="utf-8")
+    files = f"{corpus}/all.en,{corpus}/all.es"
+    for seed, test_sentences in ((3, 500), (4, 0)):
+        splits = train.load_splits(TrainingConfig(data=files, seed=seed,
+                                                  test_sentences=test_sentences))
+        expected, left_out = data.hold_out(data.load_parallel(train.corpus_source(files)), seed)
+        assert capsys.readouterr().out == (
+            f"Held out 5 dev and 5 test pairs of --data {files!r} (seed {seed}); left out "
+            f"{left_out} training pairs whose source is one of theirs.\n")
+        for name in ("train", "dev") + ("test",) * bool(test_sentences):
+            assert (list(splits[name].as_numpy_iterator())
+                    == list(expected[name].as_numpy_iterator())), name
+        assert len(list(splits["train"].as_numpy_iterator())) == 90 - left_out
+    assert splits["test"] is None  # --test-sentences 0
 
 
 def test_bad_flag_type_gives_one_line_from_a_quiet_process(tmp_path):

@@ -197,24 +197,27 @@ def corpus_source(data):
     return tuple(paths) if len(paths) == 2 else paths[0]
 
 
+def has_splits(data):
+    """Whether a corpus flag names a corpus with splits of its own: bundled, TFDS,
+    or files with a '{split}' placeholder. Files without one are a whole corpus,
+    of which train holds out dev and test pairs (`data.hold_out`)."""
+    return is_named_corpus(data) or "{split}" in data
+
+
 def corpus_splits(data):
-    """The split names of a corpus flag: TFDS's train/validation/test, or
-    train/dev/test of the bundled corpus and of files with a '{split}' placeholder."""
+    """The split names of a corpus flag with splits (`has_splits`): TFDS's
+    train/validation/test, or train/dev/test of the bundled corpus and of files
+    with a '{split}' placeholder."""
     if data.startswith("tfds:"):
         return {"train": "train", "dev": "validation", "test": "test"}
-    if not is_named_corpus(data) and "{split}" not in data:
-        raise ValueError(
-            f"--data {data!r}: file paths need a '{{split}}' placeholder so that train, dev "
-            "and test files can be found, e.g. 'corpus/{split}.en,corpus/{split}.es'"
-        )
     return {"train": "train", "dev": "dev", "test": "test"}
 
 
 # What train reads each split's files for, and what to do without them.
 _SPLIT_USES = {
     "train": "for the pairs it learns from",
-    "dev": "for the dev loss and the decoding it chooses as it ends; hold out a few hundred "
-           "pairs of the training files as dev pairs",
+    "dev": "for the dev loss and the decoding it chooses as it ends; give dev pairs, or "
+           "the training files alone (--data {whole!r}) to hold dev and test pairs out of them",
     "test": "for the test BLEU as it ends; give test pairs, or --test-sentences 0 to skip it",
 }
 
@@ -228,12 +231,20 @@ def check_corpus_files(data, splits):
     if is_named_corpus(data):
         return
     source, names = corpus_source(data), corpus_splits(data)
+    paths = source if isinstance(source, tuple) else (source,)
+    if not has_splits(data):  # dev and test are held out of these
+        for path in paths:
+            if not os.path.isfile(path):
+                raise ValueError(f"{path} does not exist or is not a file: a file of --data "
+                                 f"{data!r}")
+        return
     for split in splits:
-        for path in (source if isinstance(source, tuple) else (source,)):
+        for path in paths:
             path = path.replace("{split}", names[split])
             if not os.path.isfile(path):
+                uses = _SPLIT_USES[split].format(whole=data.replace("{split}", names["train"]))
                 raise ValueError(f"{path} does not exist or is not a file: the {split} "
-                                 f"file of --data {data!r} ({_SPLIT_USES[split]})")
+                                 f"file of --data {data!r} ({uses})")
 
 
 def add_config_flags(parser, dataclass, defaults=True, skip=()):

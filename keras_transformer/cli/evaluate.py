@@ -81,22 +81,28 @@ def load_pairs(args):
                                   "target_language": args.target_language}
     trained = trained_corpus(args) if test is None else None
     if trained is not None:
-        test = trained.pop("data")
+        test, seed = trained.pop("data"), trained.pop("seed")
         if languages == dict.fromkeys(languages):  # none given: the run's direction
             languages = trained
     test = test or "bundled"
     source = corpus_source(test)
     if is_named_corpus(test):
         return data.load_parallel(source, args.split, **languages)
-    if "{split}" in test:  # as train's --data: 'corpus/{split}.tsv.gz'
-        try:
+    try:
+        if "{split}" in test:  # as train's --data: 'corpus/{split}.tsv.gz'
             return data.load_parallel(source, args.split)
-        except FileNotFoundError as error:
-            if trained is None:
-                raise
-            raise FileNotFoundError(f"{error}: the {args.split} split of the corpus the run "
-                                    f"trained on (--data {test!r}); pass --test to score "
-                                    "another") from error
+        if trained is not None:  # files without splits: the pairs train held out of them
+            splits, _ = data.hold_out(data.load_parallel(source), seed)
+            if args.split not in splits:
+                raise ValueError(f"--split {args.split}: the run held dev and test pairs out "
+                                 f"of --data {test!r}; pass dev or test (or train)")
+            return splits[args.split]
+    except FileNotFoundError as error:
+        if trained is None:
+            raise
+        raise FileNotFoundError(f"{error}: the {args.split} split of the corpus the run "
+                                f"trained on (--data {test!r}); pass --test to score "
+                                "another") from error
     if not all(map(os.path.isfile, source if isinstance(source, tuple) else [source])):
         raise FileNotFoundError(
             f"--test {test} is neither 'bundled', 'tfds:NAME' nor existing files"
@@ -105,9 +111,10 @@ def load_pairs(args):
 
 
 def trained_corpus(args):
-    """`{"data", "source_language", "target_language"}`: train's settings of the
-    corpus that the --run, or the run of the --export, trained on; None where none
-    is recorded (an export of the library's)."""
+    """`{"data", "source_language", "target_language", "seed"}`: train's settings
+    of the corpus that the --run, or the run of the --export, trained on (the seed
+    drew the pairs held out of files without '{split}'); None where none is
+    recorded (an export of the library's)."""
     if args.run is not None:
         from keras_transformer import runs
 
@@ -117,7 +124,8 @@ def trained_corpus(args):
     training = recorded.get("training", {})
     if "data" not in training:
         return None
-    return {name: training.get(name) for name in ("data", "source_language", "target_language")}
+    return {name: training.get(name)
+            for name in ("data", "source_language", "target_language", "seed")}
 
 
 def main(argv=None, prog=PROG):

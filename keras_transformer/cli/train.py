@@ -28,6 +28,7 @@ from keras_transformer.cli.common import add_config_flags
 from keras_transformer.cli.common import check_corpus_files
 from keras_transformer.cli.common import corpus_source
 from keras_transformer.cli.common import corpus_splits
+from keras_transformer.cli.common import has_splits
 from keras_transformer.cli.common import os_error_line
 from keras_transformer.cli.common import quiet_libraries
 from keras_transformer.cli.common import use_compilation_cache
@@ -167,8 +168,8 @@ def run(args, fields, model_overrides, explicit, start, prog=PROG):
 
     # === Data and the shared vocabulary; the test pairs read (and checked) now, not
     # once training has ended ===
-    train_pairs, dev_pairs = (load_pairs(config, split) for split in ("train", "dev"))
-    test_pairs = load_pairs(config, "test") if config.test_sentences else None
+    splits = load_splits(config)
+    train_pairs, dev_pairs, test_pairs = (splits[name] for name in ("train", "dev", "test"))
     if chief:  # one trainer per run directory, once the flags and data are checked
         run_dir.lock()
     tokenizer = run_dir.load_vocabulary(  # the other workers wait for the chief's
@@ -290,14 +291,29 @@ _SETTING_WORDS = {"warmup_steps": "warm-up {} steps",
                   "checkpoint_every": "a checkpoint and dev pass every {} steps"}
 
 
-def load_pairs(config, split):
-    """The `(source, target)` pairs of `split` ("train", "dev" or "test") of
-    `config.data`."""
+def load_splits(config):
+    """`{"train", "dev", "test"}`: the pairs of each split of `config.data` ("test"
+    None without `config.test_sentences`): a corpus's own splits, or those held
+    out of files without '{split}' (`data.hold_out`, with `config.seed`: the same
+    on resuming), which it says."""
     from keras_transformer import data
 
-    return data.load_parallel(corpus_source(config.data), corpus_splits(config.data)[split],
-                              source_language=config.source_language,
-                              target_language=config.target_language)
+    source = corpus_source(config.data)
+    if not has_splits(config.data):
+        splits, left_out = data.hold_out(
+            data.load_parallel(source, source_language=config.source_language,
+                               target_language=config.target_language), config.seed)
+        held = int(splits["dev"].cardinality())
+        print(f"Held out {held} dev and {held} test pairs of --data {config.data!r} (seed "
+              f"{config.seed}); left out {left_out} training pairs whose source is one of "
+              "theirs.", flush=True)
+    else:
+        names = corpus_splits(config.data)
+        splits = {split: data.load_parallel(source, names[split],
+                                            source_language=config.source_language,
+                                            target_language=config.target_language)
+                  for split in ("train", "dev", "test")[:3 if config.test_sentences else 2]}
+    return {**splits, "test": splits["test"] if config.test_sentences else None}
 
 
 def build_model(run_dir, model_config, config, strategy):

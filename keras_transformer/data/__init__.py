@@ -5,7 +5,7 @@ Never imports the model.
 
 from keras_transformer.data.batching import BatchStats, bucket_lengths, fit_bucket_lengths, make_batches
 from keras_transformer.data.casing import Casing
-from keras_transformer.data.corpora import bundled_manifest, load_parallel
+from keras_transformer.data.corpora import bundled_manifest, hold_out, load_parallel
 from keras_transformer.data.tokenizer import SubwordTokenizer
 from keras_transformer.data.training_batches import TrainingBatches
 from keras_transformer.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -22,6 +22,7 @@ __all__ = [
     "bucket_lengths",
     "bundled_manifest",
     "fit_bucket_lengths",
+    "hold_out",
     "load_parallel",
     "make_batches",
 ]

@@ -17,6 +17,7 @@ import gzip
 import json
 import os
 
+import numpy as np
 import tensorflow as tf
 
 BUNDLED = "bundled"
@@ -27,6 +28,9 @@ TFDS_PREFIX = "tfds:"
 _SPLIT_ALIASES = {"validation": "dev"}
 # Lines per call of a dataset function: tf.data's cost is per call, not per line.
 _BLOCK = 4096
+# The pairs `hold_out` gives dev and test each, and the share of a corpus at most.
+HELD_OUT_PAIRS = 500
+HELD_OUT_SHARE = 20
 
 
 def load_parallel(
@@ -104,6 +108,53 @@ def load_parallel(
         "load_parallel: source must be 'bundled', 'tfds:NAME', a path or a pair of "
         f"paths. Received: {source!r}"
     )
+
+
+def hold_out(pairs, seed, count=HELD_OUT_PAIRS):
+    """Dev and test pairs held out of a corpus that has no splits of its own.
+
+    Dev and test get `count` pairs each (a 20th of the corpus each, where that is
+    fewer), drawn with `seed` and kept in corpus order. Train gets the other
+    pairs, less those whose source is the source of a dev or test pair: a
+    corpus's repeated sentences would otherwise be scored where they were learned.
+
+    Args:
+        pairs: a dataset of `{"source", "target"}` strings of known cardinality,
+            as `load_parallel` reads files.
+        seed: int; the same corpus and seed give the same splits (a resumed
+            run's, `keras-transformer evaluate`'s).
+        count: the pairs of dev and of test.
+
+    Returns:
+        `(splits, left_out)`: `{"train", "dev", "test"}` datasets of known
+        cardinality, and how many training pairs were left out for their source.
+
+    Raises:
+        ValueError: a corpus of fewer than 20 pairs.
+    """
+    total = int(pairs.cardinality())
+    count = min(count, total // HELD_OUT_SHARE)
+    if total < 0 or count < 1:
+        raise ValueError(
+            f"hold_out: a corpus needs {HELD_OUT_SHARE} pairs or more to hold out dev and "
+            f"test pairs; it has {total}. Give dev and test files of their own ('{{split}}')")
+    order = np.random.default_rng(seed).permutation(total)
+    roles = np.zeros(total, np.int32)  # 0 train, 1 dev, 2 test, -1 left out
+    roles[order[:count]], roles[order[count:2 * count]] = 1, 2
+    sources = [source for block in pairs.map(lambda pair: pair["source"]).batch(_BLOCK)
+               .as_numpy_iterator() for source in block]
+    held = {sources[i] for i in order[:2 * count]}
+    left_out = [i for i, source in enumerate(sources) if roles[i] == 0 and source in held]
+    roles[left_out] = -1
+    roles_tensor = tf.constant(roles)
+
+    def split(role):
+        chosen = pairs.enumerate().filter(
+            lambda index, pair: tf.equal(tf.gather(roles_tensor, index), role))
+        return chosen.map(lambda index, pair: pair).apply(
+            tf.data.experimental.assert_cardinality(int(np.sum(roles == role))))
+
+    return {"train": split(0), "dev": split(1), "test": split(2)}, len(left_out)
 
 
 def read_aligned_files(source_path, target_path):

@@ -2,6 +2,7 @@ import gzip
 import hashlib
 import os
 
+import numpy as np
 import pytest
 
 from keras_transformer import data
@@ -112,6 +113,36 @@ def test_many_lines_stay_aligned(tmp_path):
     target = write(tmp_path / "t.txt.gz", "".join(f"t{i}\n" for i in range(n)), compress=True)
     pairs = as_pairs(data.load_parallel((source, target)))
     assert pairs == [(f"s{i}", f"t{i}") for i in range(n)]
+
+
+def test_hold_out_draws_dev_and_test_with_the_seed_and_keeps_their_sources_out_of_train(
+        tmp_path):
+    """A corpus without splits: a 20th of it each for dev and test (at most
+    HELD_OUT_PAIRS), drawn by a seed as NumPy's permutation of the lines draws
+    them, in corpus order; train the rest, less each pair whose source is a held
+    pair's (here every source stands on 3 lines)."""
+    n = 150
+    sources, targets = [f"s{i % 50}" for i in range(n)], [f"t{i}" for i in range(n)]
+    pairs = data.load_parallel((write(tmp_path / "all.src", "".join(f"{s}\n" for s in sources)),
+                                write(tmp_path / "all.tgt", "".join(f"{t}\n" for t in targets))))
+    for seed in (0, 7):
+        splits, left_out = data.hold_out(pairs, seed)
+        order = np.random.default_rng(seed).permutation(n)
+        dev, test = sorted(order[:7]), sorted(order[7:14])  # 150 // 20 each
+        held = {sources[i] for i in (*dev, *test)}
+        train = [i for i in range(n) if i not in (*dev, *test) and sources[i] not in held]
+        for name, lines in (("train", train), ("dev", dev), ("test", test)):
+            assert as_pairs(splits[name]) == [(sources[i], targets[i]) for i in lines], name
+            assert int(splits[name].cardinality()) == len(lines)
+        assert left_out == n - 14 - len(train) > 0
+    assert as_pairs(data.hold_out(pairs, 0)[0]["test"]) != as_pairs(splits["test"])
+    assert int(data.hold_out(data.load_parallel((write(tmp_path / "big.src", "a\n" * 20000),
+                                                 write(tmp_path / "big.tgt", "b\n" * 20000))),
+                             0)[0]["dev"].cardinality()) == corpora.HELD_OUT_PAIRS
+    with pytest.raises(ValueError, match="needs 20 pairs or more to hold out dev and test pairs; "
+                                         "it has 19. Give dev and test files of their own"):
+        data.hold_out(data.load_parallel((write(tmp_path / "few.src", "a\n" * 19),
+                                          write(tmp_path / "few.tgt", "b\n" * 19))), 0)
 
 
 # Bad input: every error names the file and the line.
