@@ -166,12 +166,12 @@ MUTANTS = [
     # train chooses the decoding and scores its test BLEU in bfloat16 after a
     # mixed_bfloat16 run, while its export and --run commands decode in float32.
     mutant("train-translates-in-its-training-precision", "keras_transformer/cli/train.py",
-           "precision=RUN_PRECISION)", ")",
+           "model = averaged if averaged.precision == RUN_PRECISION else averaged.with_dtype("
+           "RUN_PRECISION)", "model = averaged",
            ["tests/test_train_cli.py::test_train_translates_as_its_export_and_run_commands_do"]),
     # A missing test file is found once training has ended, not as it starts.
     mutant("test-file-unchecked-at-the-start", "keras_transformer/cli/train.py",
-           'check_corpus_files(config.data, ("train", "dev", "test")[:3 if config.test_sentences '
-           'else 2])',
+           "check_corpus_files(config.data, used_splits(config))",
            'check_corpus_files(config.data, ("train", "dev"))',
            ["tests/test_train_cli.py::test_the_dev_and_test_files_are_checked_before_training"]),
     # evaluate without --test scores the bundled pairs, whatever the run trained on.

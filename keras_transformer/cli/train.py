@@ -248,7 +248,7 @@ def configure(args, fields, model_overrides, explicit):
 
     config, model_config, saved = run_configs.resolve_configs(
         args.out, fields, explicit, model_overrides, args.model_config)
-    check_corpus_files(config.data, ("train", "dev", "test")[:3 if config.test_sentences else 2])
+    check_corpus_files(config.data, used_splits(config))
     # The strategy first: a multi-worker one configures collectives, which must
     # happen before TensorFlow runs anything.
     strategy = distributed.make_strategy(config.strategy, tpu=args.tpu)
@@ -291,6 +291,12 @@ _SETTING_WORDS = {"warmup_steps": "warm-up {} steps",
                   "checkpoint_every": "a checkpoint and dev pass every {} steps"}
 
 
+def used_splits(config):
+    """The splits of `config.data` that a run reads: train and dev, and test where
+    it scores test pairs (`config.test_sentences`)."""
+    return ("train", "dev", "test") if config.test_sentences else ("train", "dev")
+
+
 def load_splits(config):
     """`{"train", "dev", "test"}`: the pairs of each split of `config.data` ("test"
     None without `config.test_sentences`): a corpus's own splits, or those held
@@ -312,7 +318,7 @@ def load_splits(config):
         splits = {split: data.load_parallel(source, names[split],
                                             source_language=config.source_language,
                                             target_language=config.target_language)
-                  for split in ("train", "dev", "test")[:3 if config.test_sentences else 2]}
+                  for split in used_splits(config)}
     return {**splits, "test": splits["test"] if config.test_sentences else None}
 
 
@@ -493,9 +499,10 @@ def run_translators(averaged, tokenizer):
     otherwise, and would choose and score another decoding than theirs."""
     from keras_transformer import serving
 
-    return {adjacent: serving.Translator(averaged, tokenizer, **one_beam_size(),
-                                         block_adjacent_repeats=adjacent,
-                                         precision=RUN_PRECISION)
+    # One copy in that precision for both, where the run trained in another.
+    model = averaged if averaged.precision == RUN_PRECISION else averaged.with_dtype(RUN_PRECISION)
+    return {adjacent: serving.Translator(model, tokenizer, **one_beam_size(),
+                                         block_adjacent_repeats=adjacent)
             for adjacent in (False, True)}
 
 
