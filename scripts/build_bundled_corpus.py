@@ -19,7 +19,12 @@ Steps:
      dropped (the WEB's deuterocanonical books, verses the WEB moves or omits), and so
      is a pair whose character lengths differ by more than MAX_LENGTH_RATIO, which
      flags the few places where the two versifications disagree.
-  4. The split is by chapter so that neighbouring verses never straddle two splits:
+  4. The Reina-Valera prints the opening word or words of each chapter in capitals
+     ("EN el principio", "Y LLAMÓ Jehová", "DE SIETE años"): a printer's convention,
+     not the text's casing, and one the English does not share. Those words are cased
+     as the corpus writes them elsewhere (`recase_chapter_opening`), so that a model
+     does not learn to shout the first word of a famous verse.
+  5. The split is by chapter so that neighbouring verses never straddle two splits:
      sha256("Book C") modulo 20 is 0 for dev, 1 for test and anything else for train.
 
 Output: {train,dev,test}.tsv.gz (English TAB Spanish, one verse a line, in canonical
@@ -105,6 +110,55 @@ def strip_markup(osis):
     return _SPACE_BEFORE_CLOSING.sub(lambda match: match.group(1) or "", text)
 
 
+_UPPER = "A-ZÁÉÍÓÚÑÜÂÊÎÔÛ"
+# The chapter's opening capitals: the first run of words of two or more capitals.
+_OPENING_CAPITALS = re.compile(rf"(?<!\w)[{_UPPER}]{{2,}}(?:\s+[{_UPPER}]{{2,}})*(?!\w)")
+_WORD = re.compile(r"\w+")
+# Text before a word that starts a sentence: nothing, or a sentence's end (a psalm's
+# title, "Salmo de David. "), then opening marks.
+_SENTENCE_START = re.compile(r"(?:^|[.!?:]\s+)[¿¡«“‘(]*$")
+
+
+def usual_casing(texts):
+    """{word in small letters: its most frequent form inside a sentence} over
+    `texts`, so that "jehová" maps to "Jehová", "los" to "los" and "jah" to "JAH"."""
+    forms = collections.defaultdict(collections.Counter)
+    for text in texts:
+        for match in _WORD.finditer(text):
+            if not _SENTENCE_START.search(text[: match.start()]):
+                forms[match.group().lower()][match.group()] += 1
+    return {word: counts.most_common(1)[0][0] for word, counts in forms.items()}
+
+
+def recase_chapter_opening(text, casing, english=""):
+    """`text` (a chapter's first verse) with its opening capitals cased as `casing`
+    (from `usual_casing`) writes each word, the first letter of a sentence capital:
+    "EN el principio" -> "En el principio", "Y LLAMÓ Jehová" -> "Y llamó Jehová",
+    "Salmo de David. JEHOVÁ, oye" -> "Salmo de David. Jehová, oye". A word the
+    English verse writes in capitals too (Psalm 119's "ALEPH. BIENAVENTURADOS los")
+    is left as it is, and the capitals after it are the opening ones."""
+    english_words = english.split()
+    match = next(
+        (run for run in _OPENING_CAPITALS.finditer(text)
+         if any(word not in english_words for word in run.group().split())),
+        None,
+    )
+    if match is None:
+        return text
+
+    def recase(word_match):
+        word = word_match.group()
+        if word in english_words:
+            return word
+        form = casing.get(word.lower(), word.lower())
+        start = match.start() + word_match.start()
+        if _SENTENCE_START.search(text[:start]):
+            form = form[0].upper() + form[1:]
+        return form
+
+    return text[: match.start()] + _WORD.sub(recase, match.group()) + text[match.end():]
+
+
 def split_of(book, chapter):
     digest = hashlib.sha256(f"{book} {chapter}".encode("utf-8")).digest()
     return SPLIT_OF_BUCKET.get(int.from_bytes(digest[:8], "big") % SPLIT_MODULUS, "train")
@@ -153,16 +207,23 @@ def main():
     english = read_module(ENGLISH_MODULE)
     spanish = read_module(SPANISH_MODULE)
     counts = collections.Counter(
-        dropped_missing_in_english=0, dropped_empty=0, dropped_length_ratio=0
+        dropped_missing_in_english=0, dropped_empty=0, dropped_length_ratio=0,
+        recased_chapter_openings=0,
     )
     counts["english_verses"] = len(english)
     counts["spanish_verses"] = len(spanish)
+    spanish_text = {key: strip_markup(osis) for key, osis in spanish.items()}
+    casing = usual_casing(text for key, text in spanish_text.items() if key[2] != 1)
     rows = collections.defaultdict(list)
-    for key, spanish_osis in spanish.items():  # the Reina-Valera's canonical order
+    for key, target in spanish_text.items():  # the Reina-Valera's canonical order
         if key not in english:
             counts["dropped_missing_in_english"] += 1
             continue
-        source, target = strip_markup(english[key]), strip_markup(spanish_osis)
+        source = strip_markup(english[key])
+        if key[2] == 1:
+            recased = recase_chapter_opening(target, casing, source)
+            counts["recased_chapter_openings"] += recased != target
+            target = recased
         if not source or not target:
             counts["dropped_empty"] += 1
             continue

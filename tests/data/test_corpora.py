@@ -1,12 +1,17 @@
+import collections
 import gzip
 import hashlib
 import os
+import re
+import sys
 
 import numpy as np
 import pytest
 
 from keras_transformer import data
 from keras_transformer.data import corpora
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
 
 
 def as_pairs(dataset):
@@ -46,12 +51,57 @@ def test_bundled_files_match_their_checksums():
 def test_bundled_is_english_to_spanish_and_reverses():
     first = next(iter(data.load_parallel("bundled", "train")))
     assert first["source"].numpy().decode() == "In the beginning, God created the heavens and the earth."
-    assert first["target"].numpy().decode() == "EN el principio crió Dios los cielos y la tierra."
+    assert first["target"].numpy().decode() == "En el principio crió Dios los cielos y la tierra."
     reverse = data.load_parallel("bundled", "dev", source_language="es")
     forward = data.load_parallel("bundled", "dev")
     assert int(reverse.cardinality()) == 1583
     assert as_pairs(reverse)[:50] == [(t, s) for s, t in as_pairs(forward)[:50]]
     assert as_pairs(data.load_parallel("bundled", "validation")) == as_pairs(forward)
+
+
+def test_no_bundled_verse_opens_with_the_printed_chapter_capitals():
+    # The Reina-Valera prints each chapter's opening word in capitals ("EN el
+    # principio"); a model trained on them answered "In the beginning ..." with
+    # "EN el principio ...". The words in capitals that open a verse now are the
+    # text's own: Psalm 119's Hebrew letters (capitals in the English too), the name
+    # JAH, the writing on the wall, and one opening inside a chapter.
+    opening = re.compile(r"^\W*([A-ZÁÉÍÓÚÑÜÂÊÎÔÛ]{2,})(?!\w)")
+    words = collections.Counter()
+    for split in ("train", "dev", "test"):
+        for _, target in as_pairs(data.load_parallel("bundled", split)):
+            match = opening.match(target)
+            if match:
+                words[match.group(1)] += 1
+    hebrew_letters = {"ALEPH", "BETH", "GIMEL", "DALETH", "HE", "VAU", "ZAIN", "CHETH",
+                      "TETH", "JOD", "CAPH", "LAMED", "MEM", "NUN", "SAMECH", "AIN",
+                      "PE", "TZADDI", "COPH", "RESH", "SIN", "TAU"}
+    assert set(words) - hebrew_letters == {"JAH", "TEKEL", "PERES", "HUBO"}, words
+    assert sum(words.values()) < 30
+
+
+def test_chapter_openings_are_cased_as_the_text_writes_the_words():
+    build = pytest.importorskip("build_bundled_corpus")
+    casing = build.usual_casing([
+        "y dijo Jehová á los hijos", "Alabad á JAH; los cielos. Los hijos de Dios",
+        "y Dios vió", "á los siete años",
+    ])
+    assert casing["jehová"] == "Jehová" and casing["jah"] == "JAH"
+    assert casing["los"] == "los"  # "Los" starts a sentence: not counted
+    cases = {
+        "EN el principio crió Dios": "En el principio crió Dios",
+        "Y LOS hijos de Israel": "Y los hijos de Israel",
+        "Y JEHOVÁ dijo": "Y Jehová dijo",
+        "DE SIETE años era Joas": "De siete años era Joas",
+        "Salmo de David. JEHOVÁ, oye": "Salmo de David. Jehová, oye",
+        "¿QUIÉN creyó": "¿Quién creyó",
+        "JAH, si mirares": "JAH, si mirares",
+        "Y El ángel de Jehová subió": "Y El ángel de Jehová subió",
+    }
+    for text, expected in cases.items():
+        assert build.recase_chapter_opening(text, casing) == expected, text
+    assert build.recase_chapter_opening(
+        "ALEPH. BIENAVENTURADOS los perfectos", casing, "ALEPH Blessed are those"
+    ) == "ALEPH. Bienaventurados los perfectos"
 
 
 def test_bundled_rejects_unknown_splits_and_languages():
