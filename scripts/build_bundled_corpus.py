@@ -131,8 +131,8 @@ def usual_casing(texts):
 
 
 def recase_chapter_opening(text, casing, english=""):
-    """`text` (a chapter's first verse) with its opening capitals cased as `casing`
-    (from `usual_casing`) writes each word, the first letter of a sentence capital:
+    """`text`, a chapter's first verse, with its opening capitals written as `casing`
+    (from `usual_casing`) writes each word, with a capital where a sentence starts:
     "EN el principio" -> "En el principio", "Y LLAMÓ Jehová" -> "Y llamó Jehová",
     "Salmo de David. JEHOVÁ, oye" -> "Salmo de David. Jehová, oye". A word the
     English verse writes in capitals too (Psalm 119's "ALEPH. BIENAVENTURADOS los")
