@@ -35,6 +35,10 @@ DECODING = "decoding.json"
 FINAL_MODEL = "model.keras"
 LOCK = durable.LOCK  # the lock's own module names its file
 WEIGHTS = {"averaged": AVERAGED_WEIGHTS, "final": FINAL_MODEL}
+# Which weights of a run a command translates with (`runs.Run.load`): its files, or
+# "checkpoints", the average of its newest checkpoints as they are (a run that
+# stopped before its end, which writes the two files, or one still training).
+WEIGHT_CHOICES = (*WEIGHTS, "checkpoints")
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.weights\.h5$")
 
 

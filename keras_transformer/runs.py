@@ -19,6 +19,7 @@ import zipfile
 import keras
 
 from keras_transformer import durable
+from keras_transformer.config import TrainingConfig
 from keras_transformer.config import TransformerConfig
 from keras_transformer.data import SubwordTokenizer
 from keras_transformer.model import build_transformer
@@ -32,6 +33,7 @@ from keras_transformer.run_files import FINAL_MODEL
 from keras_transformer.run_files import LOCK
 from keras_transformer.run_files import TENSORBOARD_LOGS
 from keras_transformer.run_files import VOCAB
+from keras_transformer.run_files import WEIGHT_CHOICES
 from keras_transformer.run_files import WEIGHTS
 
 
@@ -110,6 +112,27 @@ class Checkpoints:
         `<name>.unreadable`; returns the new path."""
         os.replace(checkpoint, checkpoint + ".unreadable")
         return checkpoint + ".unreadable"
+
+
+def average_weights(model, paths):
+    """Sets `model`'s weights to the mean, in float64, of the `.weights.h5` files'
+    at `paths` (Sec. 6.1: the paper averages the last 5 checkpoints of a base
+    model, the last 20 of a big one); returns the averaged weights.
+
+    An uncompiled model reads only the model's part of a checkpoint; a compiled
+    one reads its optimizer state too (left as the last file's), and its
+    optimizer must be built as it was when the checkpoints were written.
+    """
+    if not paths:
+        raise ValueError("average_weights needs at least one weights file")
+    total = None
+    for path in paths:
+        model.load_weights(path)
+        weights = [w.astype("float64") for w in model.get_weights()]
+        total = weights if total is None else [t + w for t, w in zip(total, weights)]
+    averaged = [(t / len(paths)).astype(w.dtype) for t, w in zip(total, model.get_weights())]
+    model.set_weights(averaged)
+    return averaged
 
 
 class Run:
@@ -258,13 +281,19 @@ class Run:
     # Reading ---------------------------------------------------------------
 
     def load(self, weights="averaged"):
-        """`(model, tokenizer, run_config)`: the model with the run's `weights`,
-        "averaged" (the paper's checkpoint average) or "final", its tokenizer, and
-        the parsed config.json."""
-        if weights not in WEIGHTS:
-            raise ValueError(
-                f"weights must be one of {sorted(WEIGHTS)}. Received: weights={weights!r}"
-            )
+        """`(model, tokenizer, run_config)`: the model with the run's `weights`, its
+        tokenizer, and the parsed config.json.
+
+        `weights` is "averaged" (the paper's checkpoint average, which the run
+        writes as it ends), "final" (the last step's model, written then too) or
+        "checkpoints": the average of the newest checkpoints as they are, as many
+        as the run averages as it ends (`average_last`), for a run that stopped
+        before its end or one still training. For "checkpoints", run_config also
+        holds "checkpoint_steps", the steps of those averaged.
+        """
+        if weights not in WEIGHT_CHOICES:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHT_CHOICES)}. "
+                             f"Received: weights={weights!r}")
         if not os.path.isdir(self.directory):
             raise FileNotFoundError(f"run directory {self.directory} does not exist")
         run_config = self.read_config()
@@ -275,13 +304,15 @@ class Run:
             raise ValueError(f"{self.config_path} has no \"model\" entry (the TransformerConfig)")
         config = TransformerConfig.from_dict(run_config["model"])
         tokenizer = SubwordTokenizer.load(self.vocab_dir)
+        if weights == "checkpoints":
+            model = build_transformer(config)
+            count = run_config.get("training", {}).get("average_last", TrainingConfig.average_last)
+            steps = self.average_newest_checkpoints(model, count)
+            return model, tokenizer, dict(run_config, checkpoint_steps=steps)
         weights_path = os.path.join(self.directory, WEIGHTS[weights])
         other = "final" if weights == "averaged" else "averaged"
         if not os.path.exists(weights_path):
-            raise FileNotFoundError(
-                f"{weights_path} not found; the run has no {weights} weights "
-                f"(try weights={other!r})"
-            )
+            raise FileNotFoundError(self._missing_weights(weights))
         try:
             if weights == "final":
                 model = keras.saving.load_model(weights_path, compile=False)  # no optimizer
@@ -298,6 +329,40 @@ class Run:
                 f"{weights_path} holds a model whose config differs from {self.config_path}"
             )
         return model, tokenizer, run_config
+
+    def _missing_weights(self, weights):
+        """Why the run has no file of `weights` ("averaged" or "final"), and what to do."""
+        path = os.path.join(self.directory, WEIGHTS[weights])
+        other = "final" if weights == "averaged" else "averaged"
+        if os.path.exists(os.path.join(self.directory, WEIGHTS[other])):
+            return f"{path} not found; the run has no {weights} weights (try weights={other!r})"
+        steps = [step for step, _ in self.checkpoints.list()]
+        if not steps:
+            return (f"{path} not found: {self.directory} has no checkpoint yet; train it "
+                    "until its first checkpoint, or to its end")
+        return (f"{path} not found: {self.directory} has checkpoints up to step {steps[-1]} "
+                "but not the weights a run writes as it ends; it stopped before its end (or "
+                "is still training). Resume it to its end with the train command that "
+                "started it, or translate with the average of its newest checkpoints as "
+                "they are: --weights checkpoints (weights='checkpoints')")
+
+    def average_newest_checkpoints(self, model, count):
+        """Sets `model`'s weights to the average of the run's newest `count`
+        checkpoints (`average_weights`); returns their steps. A checkpoint that a
+        run still training removes meanwhile is replaced by the newer ones."""
+        for _ in range(3):
+            newest = self.checkpoints.list()[-count:]
+            if not newest:
+                raise FileNotFoundError(f"{self.checkpoints.directory} has no checkpoint yet; "
+                                        "train the run until its first")
+            try:
+                average_weights(model, [path for _, path in newest])
+                return [step for step, _ in newest]
+            except (OSError, ValueError):
+                if all(os.path.exists(path) for _, path in newest):
+                    raise
+        raise FileNotFoundError(f"the checkpoints of {self.directory} changed three times "
+                                "while they were read; try again")
 
 
 def vocabulary_digest(vocab_dir):

@@ -478,25 +478,15 @@ def restore_latest_checkpoint(model, directory, init_from=""):
 
 
 def average_checkpoints(model, paths):
-    """Sets `model`'s weights to the mean of the checkpoints' (Sec. 6.1: the paper
-    averages the last 5 checkpoints of a base model, the last 20 of a big one).
-
-    `model` must be compiled as it was when the checkpoints were written (they
-    hold its optimizer state too, which is loaded along and left as the last
-    file's). Returns the averaged weights.
-    """
+    """Sets the training `model`'s weights to the mean of the checkpoints'
+    (`runs.average_weights`; Sec. 6.1). `model` must be compiled as it was when
+    the checkpoints were written: they hold its optimizer state too, which is
+    loaded along and left as the last file's. Returns the averaged weights."""
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint path")
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
-    total = None
-    for path in paths:
-        model.load_weights(path)
-        weights = [w.astype("float64") for w in model.get_weights()]
-        total = weights if total is None else [t + w for t, w in zip(total, weights)]
-    averaged = [(t / len(paths)).astype(w.dtype) for t, w in zip(total, model.get_weights())]
-    model.set_weights(averaged)
-    return averaged
+    return runs.average_weights(model, paths)
 
 
 def save_average(model, paths, path):

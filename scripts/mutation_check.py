@@ -183,6 +183,15 @@ MUTANTS = [
            "roles[left_out] = -1", "pass",
            ["tests/data/test_corpora.py::"
             "test_hold_out_draws_dev_and_test_with_the_seed_and_keeps_their_sources_out_of_train"]),
+    mutant("stopped-run-checkpoints-not-averaged", "keras_transformer/runs.py",
+           "steps = self.average_newest_checkpoints(model, count)",
+           "steps = self.average_newest_checkpoints(model, 1)",
+           ["tests/test_runs.py::"
+            "test_a_stopped_run_says_what_to_do_and_translates_with_its_checkpoints"]),
+    mutant("checkpoint-removed-while-read-fails", "keras_transformer/runs.py",
+           "if all(os.path.exists(path) for _, path in newest):", "if True:",
+           ["tests/test_runs.py::"
+            "test_checkpoints_removed_while_read_are_replaced_by_the_newer_ones"]),
     mutant("run-passed-as-an-export-unnamed", "keras_transformer/cli/common.py",
            "check_not_swapped(parser, export=args.export, run=args.run)", "pass",
            ["tests/test_cli.py::test_a_run_passed_as_an_export_and_an_export_as_a_run_are_named"]),

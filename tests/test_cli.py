@@ -5,6 +5,7 @@ import errno
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -768,12 +769,27 @@ def test_translate_and_evaluate_show_the_progress_bar_as_the_library_decides(tmp
         assert command.parse_args(["--run", str(tmp_path), "--no-progress"]).progress is False
 
 
-def test_the_weights_flags_name_a_runs_weights():
-    """--weights' choices, written where no Keras is imported, are the run's."""
-    from keras_transformer import runs
-    from keras_transformer.cli import common
+def test_the_weights_flags_name_a_runs_weights(run_dir, capsys):
+    """--weights of export, translate and evaluate offers the weights a run loads,
+    and each one it offers loads (the run has no checkpoints to average)."""
+    import importlib
 
-    assert common.WEIGHTS == tuple(runs.WEIGHTS)
+    from keras_transformer import runs
+
+    offered = set()
+    for command in ("export", "translate", "evaluate"):
+        module = importlib.import_module(f"keras_transformer.cli.{command}")
+        with pytest.raises(SystemExit):
+            module.parse_args(["--run", str(run_dir), "--weights", "newest"])
+        choices = re.search(r"invalid choice: 'newest' \(choose from (.*?)\)",
+                            capsys.readouterr().err).group(1)
+        offered.add(tuple(choice.strip("' ") for choice in choices.split(",")))
+    assert offered == {("averaged", "final", "checkpoints")}
+    for weights in offered.pop():
+        try:
+            runs.Run(str(run_dir)).load(weights)
+        except FileNotFoundError as error:
+            assert weights == "checkpoints" and "has no checkpoint yet" in str(error)
 
 
 def test_the_command_dispatches_to_its_sub_commands(capsys):

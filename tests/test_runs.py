@@ -26,6 +26,92 @@ def test_load_run_reports_missing_pieces(tmp_path, model, tokenizer):
     assert loaded.config == model.config and config["model"] == model.config.to_dict()
 
 
+def _stopped_run(path, tokenizer, average_last=2):
+    """A run stopped before its end: config.json, vocab/ and checkpoints of steps
+    1, 2 and 3 (each a compiled model's, optimizer state included) whose weights
+    are random; no averaged weights, no final model. Returns (run, the weights of
+    each checkpoint, the compiled model)."""
+    import numpy as np
+
+    import keras_transformer as kt
+    from keras_transformer import training
+
+    model = kt.build_transformer(kt.TransformerConfig.tiny(tokenizer.vocab_size, d_model=16,
+                                                           d_ff=32))
+    training.compile_for_training(model, warmup_steps=10)
+    model.optimizer.build(model.trainable_variables)
+    run = runs.Run(str(path))
+    tokenizer.save(run.vocab_dir)
+    run.write_config(model.config, TrainingConfig(keep_checkpoints=3, average_last=average_last))
+    os.makedirs(run.checkpoints.directory)
+    saved = {}
+    generator = np.random.default_rng(0)
+    for step in (1, 2, 3):
+        saved[step] = [generator.standard_normal(w.shape).astype("float32")
+                       for w in model.get_weights()]
+        model.set_weights(saved[step])
+        model.optimizer.iterations.assign(step)
+        model.save_weights(run.checkpoints.path(step))
+    return run, saved, model
+
+
+def test_a_stopped_run_says_what_to_do_and_translates_with_its_checkpoints(tmp_path, tokenizer):
+    """A run stopped before its end (Ctrl-C, a kill, a budget not reached) has
+    checkpoints but neither averaged weights nor a final model: its message says
+    so and names --weights checkpoints, which averages its newest `average_last`
+    checkpoints, and the average equals what the run writes as it ends."""
+    import numpy as np
+
+    from keras_transformer import training
+
+    run, saved, model = _stopped_run(tmp_path / "run", tokenizer)
+    for weights in ("averaged", "final"):
+        with pytest.raises(FileNotFoundError) as error:
+            run.load(weights)
+        message = str(error.value)
+        assert "has checkpoints up to step 3" in message and "stopped before its end" in message
+        assert "--weights checkpoints" in message and "try weights=" not in message
+
+    loaded, _, config = run.load("checkpoints")
+    assert config["checkpoint_steps"] == [2, 3]
+    for got, second, third in zip(loaded.get_weights(), saved[2], saved[3]):
+        np.testing.assert_allclose(got, (second.astype("float64") + third) / 2, rtol=1e-6,
+                                   atol=1e-7)
+    # As the run ends: the same checkpoints averaged by training into its file.
+    training.save_average(model, run.checkpoints.last(2), run.averaged_weights)
+    averaged, _, _ = run.load("averaged")
+    for got, expected in zip(loaded.get_weights(), averaged.get_weights()):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_checkpoints_removed_while_read_are_replaced_by_the_newer_ones(
+        tmp_path, tokenizer, monkeypatch):
+    """A run still training removes its oldest checkpoint as it writes a new one;
+    one gone between the listing and the reading is not an error."""
+    import numpy as np
+
+    run, saved, _ = _stopped_run(tmp_path / "run", tokenizer, average_last=1)
+    listings = [[(9, run.checkpoints.path(9))]]  # listed, then removed by the trainer
+    real_list = runs.Checkpoints.list
+    monkeypatch.setattr(runs.Checkpoints, "list",
+                        lambda self: listings.pop() if listings else real_list(self))
+    loaded, _, config = run.load("checkpoints")
+    assert config["checkpoint_steps"] == [3]
+    np.testing.assert_array_equal(loaded.get_weights()[0], saved[3][0])
+
+
+def test_a_run_without_checkpoints_has_nothing_to_translate_with(tmp_path, tokenizer):
+    run, _, _ = _stopped_run(tmp_path / "run", tokenizer)
+    for _, path in run.checkpoints.list():
+        run.checkpoints.remove(path)
+    with pytest.raises(FileNotFoundError, match="has no checkpoint yet; train it until"):
+        run.load()
+    with pytest.raises(FileNotFoundError, match="has no checkpoint yet; train the run"):
+        run.load("checkpoints")
+    with pytest.raises(ValueError, match="weights must be one of averaged, final, checkpoints"):
+        run.load("last")
+
+
 def test_config_is_written_whole_and_read_back(tmp_path, model):
     run = str(tmp_path / "run")
     training = TrainingConfig(steps=7)

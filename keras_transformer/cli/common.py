@@ -267,8 +267,11 @@ RUN_DECODING = {"alpha": "the one chosen on its dev set as training ended, else 
                                           "else off"}
 
 
-# A run's weights (`runs.WEIGHTS`' names; runs imports Keras, these flags must not).
-WEIGHTS = ("averaged", "final")
+# --weights, of export and of --run: a run's weights (`run_files.WEIGHT_CHOICES`).
+WEIGHTS_HELP = ("which weights of the run: averaged (the paper's average of its last "
+                "checkpoints, written as training ends), final (the last step's model) or "
+                "checkpoints (the average of its newest checkpoints as they are: a run that "
+                "stopped before its end, or one still training)")
 
 
 def add_translator_flags(parser, unit):
@@ -284,8 +287,9 @@ def add_translator_flags(parser, unit):
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--export", help="an export directory (written by keras-transformer export)")
     model.add_argument("--run", help="a training run directory (written by keras-transformer train)")
-    parser.add_argument("--weights", choices=WEIGHTS, default=WEIGHTS[0],
-                        help="with --run: which weights")
+    parser.add_argument("--weights", choices=run_files.WEIGHT_CHOICES,
+                        default=run_files.WEIGHT_CHOICES[0],
+                        help=f"with --run: {WEIGHTS_HELP}")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
                         help="sentences per batch (at most the export's request limit)")
     add_decoding_flags(parser, REQUEST_SETTINGS, defaults=dict.fromkeys(REQUEST_SETTINGS))

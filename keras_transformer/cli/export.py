@@ -18,8 +18,9 @@ import dataclasses
 import os
 import sys
 
+from keras_transformer import run_files
 from keras_transformer.cli.common import OneLineErrorParser
-from keras_transformer.cli.common import WEIGHTS
+from keras_transformer.cli.common import WEIGHTS_HELP
 from keras_transformer.cli.common import add_decoding_flags
 from keras_transformer.cli.common import check_not_swapped
 from keras_transformer.cli.common import decoding_config
@@ -60,8 +61,8 @@ def parse_args(argv, prog=PROG):
     parser.add_argument("--quantization", choices=QUANTIZATIONS, default="float32",
                         help="--format ctranslate2: the weights' type (float16, bfloat16 "
                              "and int8_float16/int8_bfloat16 for a GPU)")
-    parser.add_argument("--weights", choices=WEIGHTS, default=WEIGHTS[0],
-                        help="the run's averaged checkpoints (the paper's) or its final model")
+    parser.add_argument("--weights", choices=run_files.WEIGHT_CHOICES,
+                        default=run_files.WEIGHT_CHOICES[0], help=WEIGHTS_HELP)
     parser.add_argument("--version", type=int, default=None,
                         help="version directory (a new one); default: one more than the "
                              "largest there")
@@ -110,6 +111,11 @@ def main(argv=None, prog=PROG):
     try:
         run = runs.Run(args.run)
         model, tokenizer, run_config = run.load(args.weights)
+        if "checkpoint_steps" in run_config:
+            steps = run_config["checkpoint_steps"]
+            which = (f"the checkpoint of step {steps[0]}" if len(steps) == 1 else
+                     f"the average of the checkpoints of steps {', '.join(map(str, steps))}")
+            print(f"{prog}: {which} of {args.run}", flush=True)
         if args.format == "ctranslate2":
             return export_ctranslate2(model, tokenizer, args, prog)
         chosen = run.decoding_settings()  # what the run chose on its dev set
