@@ -192,6 +192,16 @@ MUTANTS = [
            "if all(os.path.exists(path) for _, path in newest):", "if True:",
            ["tests/test_runs.py::"
             "test_checkpoints_removed_while_read_are_replaced_by_the_newer_ones"]),
+    mutant("tfds-download-failure-unexplained", "keras_transformer/data/corpora.py",
+           "except requests.exceptions.RequestException as error:",
+           "except ImportError as error:",
+           ["tests/data/test_corpora.py::"
+            "test_an_unprepared_tfds_corpus_downloads_and_says_why_it_could_not"]),
+    mutant("tfds-deprecated-dtype-warnings", "keras_transformer/data/corpora.py",
+           'if getattr(feature, "tf_dtype", None) == tf.string and not getattr(feature, "shape", (1,))',
+           'if getattr(feature, "dtype", None) == tf.string and not getattr(feature, "shape", (1,))',
+           ["tests/data/test_corpora.py::"
+            "test_an_unprepared_tfds_corpus_downloads_and_says_why_it_could_not"]),
     mutant("run-passed-as-an-export-unnamed", "keras_transformer/cli/common.py",
            "check_not_swapped(parser, export=args.export, run=args.run)", "pass",
            ["tests/test_cli.py::test_a_run_passed_as_an_export_and_an_export_as_a_run_are_named"]),

@@ -239,7 +239,7 @@ def _load_tfds(name, split, source_language, target_language, data_dir, download
     features = builder.info.features
     text_keys = sorted(
         key for key, feature in features.items()
-        if getattr(feature, "dtype", None) == tf.string and not getattr(feature, "shape", (1,))
+        if getattr(feature, "tf_dtype", None) == tf.string and not getattr(feature, "shape", (1,))
     )
     if len(text_keys) < 2:
         raise ValueError(
@@ -252,7 +252,20 @@ def _load_tfds(name, split, source_language, target_language, data_dir, download
         default=_default_direction(config, text_keys), what=f"TFDS dataset {name!r}",
     )
     if download:
-        builder.download_and_prepare()
+        import requests  # TFDS downloads with it
+
+        try:
+            builder.download_and_prepare()
+        except requests.exceptions.RequestException as error:
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+            raise ConnectionError(
+                f"load_parallel: 'tfds:{name}' is not prepared in {builder.data_dir}, and "
+                f"downloading it failed ({reason}). TFDS downloads and prepares a corpus on "
+                "its first use, which needs the network and room on disk (WMT14 en-de: "
+                "several GB); prepare it where there is a network (the same command, or "
+                "tfds.builder(name).download_and_prepare()) and copy ~/tensorflow_datasets "
+                "(or $TFDS_DATA_DIR) here"
+            ) from error
     split = _tfds_split(split, builder.info.splits)  # known once prepared
     dataset = builder.as_dataset(split=split, shuffle_files=False)
     return dataset.map(

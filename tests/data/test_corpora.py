@@ -321,6 +321,37 @@ def test_tfds_dev_means_validation(tfds):
         assert len(as_pairs(data.load_parallel("tfds:wmt14_translate/de-en", "dev"))) == 2
 
 
+def test_an_unprepared_tfds_corpus_downloads_and_says_why_it_could_not(tfds, tmp_path,
+                                                                       monkeypatch, caplog):
+    """The first use of a TFDS corpus downloads and prepares it. Everything that
+    path needs is installed (TFDS 4.9.10 needs importlib_resources on Python 3.11
+    but declares it for Python < 3.9 only: without it, `train --data
+    tfds:wmt14_translate/de-en` stopped with a ModuleNotFoundError), up to the
+    download; the download's failure (no network here, stubbed to fail at once)
+    says which corpus, where, and what to do."""
+    import requests
+
+    calls = []
+
+    def offline(self, urls, *args, **kwargs):
+        calls.append(urls)
+        raise requests.exceptions.ConnectionError(
+            "HTTPConnectionPool(host='www.statmt.org', port=80): Max retries exceeded")
+
+    monkeypatch.setattr(tfds.download.DownloadManager, "download_and_extract", offline)
+    with pytest.raises(ConnectionError) as error:
+        data.load_parallel("tfds:wmt14_translate/de-en", "train", data_dir=str(tmp_path))
+    assert calls, "the download was never reached"
+    message = str(error.value)
+    assert message.startswith(f"load_parallel: 'tfds:wmt14_translate/de-en' is not prepared in "
+                              f"{tmp_path}/wmt14_translate/de-en/"), message
+    assert "downloading it failed (HTTPConnectionPool(host='www.statmt.org'" in message
+    assert "needs the network" in message and "$TFDS_DATA_DIR" in message
+    # Reading the corpus's features used their deprecated `dtype`: TFDS logged a
+    # warning about it twice, for the user to read.
+    assert "deprecated" not in caplog.text, caplog.text
+
+
 def test_tfds_unknown_names_and_keys(tfds):
     with tfds.testing.mock_data(num_examples=2):
         with pytest.raises(ValueError, match="unknown TFDS dataset 'no_such_corpus'"):
