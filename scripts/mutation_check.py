@@ -74,12 +74,12 @@ MUTANTS = [
            "return [path for _, path in self.list()][:count]",
            ["tests/test_train_cli.py::test_any_step_count_model_flags_and_resume_checks"],
            slow=True),
-    mutant("average-without-dividing", "keras_transformer/training.py",
+    mutant("average-without-dividing", "keras_transformer/runs.py",
            "averaged = [(t / len(paths)).astype(w.dtype) for t, w in zip(total, "
            "model.get_weights())]",
            "averaged = [(t / (len(paths) + 1)).astype(w.dtype) for t, w in zip(total, "
            "model.get_weights())]",
-           ["tests/test_training.py"]),
+           ["tests/test_training.py", "tests/test_runs.py"]),
     # Sec. 3.2.1: scores scaled by 1/d_k instead of 1/sqrt(d_k).
     mutant("attention-scaled-by-1/d_k", "keras_transformer/layers/attention.py",
            "query = ops.multiply(query, ops.cast(1.0 / math.sqrt(self.key_dim), query.dtype))",
