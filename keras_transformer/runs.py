@@ -306,8 +306,8 @@ class Run:
         tokenizer = SubwordTokenizer.load(self.vocab_dir)
         if weights == "checkpoints":
             model = build_transformer(config)
-            count = run_config.get("training", {}).get("average_last", TrainingConfig.average_last)
-            steps = self.average_newest_checkpoints(model, count)
+            training = TrainingConfig.from_dict(run_config.get("training", {}))
+            steps = self.average_newest_checkpoints(model, training.average_last)
             return model, tokenizer, dict(run_config, checkpoint_steps=steps)
         weights_path = os.path.join(self.directory, WEIGHTS[weights])
         other = "final" if weights == "averaged" else "averaged"

@@ -184,7 +184,7 @@ MUTANTS = [
            ["tests/data/test_corpora.py::"
             "test_hold_out_draws_dev_and_test_with_the_seed_and_keeps_their_sources_out_of_train"]),
     mutant("stopped-run-checkpoints-not-averaged", "keras_transformer/runs.py",
-           "steps = self.average_newest_checkpoints(model, count)",
+           "steps = self.average_newest_checkpoints(model, training.average_last)",
            "steps = self.average_newest_checkpoints(model, 1)",
            ["tests/test_runs.py::"
             "test_a_stopped_run_says_what_to_do_and_translates_with_its_checkpoints"]),
