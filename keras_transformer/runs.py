@@ -13,6 +13,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import zipfile
 
@@ -114,10 +115,67 @@ class Checkpoints:
         return checkpoint + ".unreadable"
 
 
+class UnreadableWeights(ValueError):
+    """A weights file (`.weights.h5`) or model file (`.keras`) that is empty, cut
+    short (a copy or a disk that stopped midway) or not such a file at all; its
+    `path`, its `problem` in words, and `advice`, what to do, for the message."""
+
+    def __init__(self, path, problem, advice=""):
+        self.path, self.problem = path, problem
+        super().__init__(f"{path} cannot be read: {problem}" + (f". {advice}" if advice else ""))
+
+    def advised(self, advice):
+        """The same error, with `advice` (a sentence) after it."""
+        return UnreadableWeights(self.path, self.problem, advice)
+
+
+def _first_line(error):
+    text = str(error).strip()
+    return text.splitlines()[0] if text else repr(error)
+
+
+def _file_problem(path, error=None):
+    """What is wrong with the weights or model file at `path`, in words, from
+    its size and h5py's `error` as it was opened."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return "it is empty"
+    truncated = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", str(error or ""))
+    if truncated:
+        return f"it is cut short ({truncated[1]} of its {truncated[2]} bytes)"
+    if error is None:  # a .keras file that is no zip archive
+        return f"it is cut short, or no .keras file ({size} bytes and no zip archive)"
+    return f"it is cut short, or no HDF5 weights file ({size} bytes; {_first_line(error)})"
+
+
+def read_weights(model, path):
+    """Loads the `.weights.h5` file at `path` into `model`. A file that is empty,
+    cut short or no HDF5 file raises `UnreadableWeights`; one that holds another
+    model's weights, Keras's ValueError."""
+    try:
+        model.load_weights(path)
+    except OSError as error:  # h5py's, for a file that is not a whole HDF5 file
+        if not os.path.isfile(path):
+            raise
+        raise UnreadableWeights(path, _file_problem(path, error)) from None
+
+
+def read_model(path):
+    """The model of the `.keras` file at `path`, without its optimizer; a file
+    that is empty, cut short or no zip archive raises `UnreadableWeights`."""
+    if os.path.isfile(path) and not zipfile.is_zipfile(path):  # Keras: "File not found"
+        raise UnreadableWeights(path, _file_problem(path))
+    try:
+        return keras.saving.load_model(path, compile=False)
+    except (OSError, zipfile.BadZipFile) as error:  # an archive whose parts are broken
+        raise UnreadableWeights(path, _first_line(error)) from None
+
+
 def average_weights(model, paths):
     """Sets `model`'s weights to the mean, in float64, of the `.weights.h5` files'
     at `paths` (Sec. 6.1: the paper averages the last 5 checkpoints of a base
-    model, the last 20 of a big one); returns the averaged weights.
+    model, the last 20 of a big one); returns the averaged weights. A file that
+    cannot be read raises `UnreadableWeights` naming it (`read_weights`).
 
     An uncompiled model reads only the model's part of a checkpoint; a compiled
     one reads its optimizer state too (left as the last file's), and its
@@ -127,12 +185,20 @@ def average_weights(model, paths):
         raise ValueError("average_weights needs at least one weights file")
     total = None
     for path in paths:
-        model.load_weights(path)
+        read_weights(model, path)
         weights = [w.astype("float64") for w in model.get_weights()]
         total = weights if total is None else [t + w for t, w in zip(total, weights)]
     averaged = [(t / len(paths)).astype(w.dtype) for t, w in zip(total, model.get_weights())]
     model.set_weights(averaged)
     return averaged
+
+
+def _try_weights(weights):
+    """A run's `weights` (one of `WEIGHT_CHOICES`) in words, with the command
+    line's flag and the library's argument that name them."""
+    what = {"averaged": "its averaged weights", "final": "its final model",
+            "checkpoints": "the average of its newest checkpoints as they are"}[weights]
+    return f"{what}: --weights {weights} (weights={weights!r})"
 
 
 class Run:
@@ -310,41 +376,52 @@ class Run:
             steps = self.average_newest_checkpoints(model, training.average_last)
             return model, tokenizer, dict(run_config, checkpoint_steps=steps)
         weights_path = os.path.join(self.directory, WEIGHTS[weights])
-        other = "final" if weights == "averaged" else "averaged"
         if not os.path.exists(weights_path):
             raise FileNotFoundError(self._missing_weights(weights))
+        instead = self._weights_instead(weights)
+        instead = f"try {_try_weights(instead)}" if instead else ""
         try:
             if weights == "final":
-                model = keras.saving.load_model(weights_path, compile=False)  # no optimizer
+                model = read_model(weights_path)  # no optimizer
             else:
                 model = build_transformer(config)
-                model.load_weights(weights_path)
-        except (OSError, ValueError, zipfile.BadZipFile) as error:  # cut short, or not ours
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-            raise ValueError(
-                f"{weights_path} cannot be read as the model of {self.config_path} "
-                f"({reason}); was it copied whole? Try weights={other!r}") from None
+                read_weights(model, weights_path)
+        except UnreadableWeights as error:
+            raise error.advised("Was it copied whole? Copy it again"
+                                + (f", or {instead}" if instead else "")) from None
+        except ValueError as error:  # Keras's: another model's weights
+            raise ValueError(f"{weights_path} holds another model than {self.config_path} "
+                             f"({_first_line(error)})" + (f"; {instead}" if instead else "")
+                             ) from None
         if model.config != config:
             raise ValueError(
                 f"{weights_path} holds a model whose config differs from {self.config_path}"
             )
         return model, tokenizer, run_config
 
+    def _weights_instead(self, weights):
+        """The run's weights to translate with where its `weights` ("averaged" or
+        "final") are missing or unreadable: its other file, else "checkpoints"
+        where it has some, else None."""
+        other = "final" if weights == "averaged" else "averaged"
+        if os.path.exists(os.path.join(self.directory, WEIGHTS[other])):
+            return other
+        return "checkpoints" if self.checkpoints.list() else None
+
     def _missing_weights(self, weights):
         """Why the run has no file of `weights` ("averaged" or "final"), and what to do."""
         path = os.path.join(self.directory, WEIGHTS[weights])
-        other = "final" if weights == "averaged" else "averaged"
-        if os.path.exists(os.path.join(self.directory, WEIGHTS[other])):
-            return f"{path} not found; the run has no {weights} weights (try weights={other!r})"
-        steps = [step for step, _ in self.checkpoints.list()]
-        if not steps:
+        instead = self._weights_instead(weights)
+        if instead is None:
             return (f"{path} not found: {self.directory} has no checkpoint yet; train it "
                     "until its first checkpoint, or to its end")
-        return (f"{path} not found: {self.directory} has checkpoints up to step {steps[-1]} "
-                "but not the weights a run writes as it ends; it stopped before its end (or "
-                "is still training). Resume it to its end with the train command that "
-                "started it, or translate with the average of its newest checkpoints as "
-                "they are: --weights checkpoints (weights='checkpoints')")
+        if instead != "checkpoints":
+            return f"{path} not found; try {_try_weights(instead)}"
+        return (f"{path} not found: {self.directory} has checkpoints up to step "
+                f"{self.checkpoints.list()[-1][0]} but not the weights a run writes as it "
+                "ends; it stopped before its end (or is still training). Resume it to its "
+                f"end with the train command that started it, or translate with "
+                f"{_try_weights(instead)}")
 
     def average_newest_checkpoints(self, model, count):
         """Sets `model`'s weights to the average of the run's newest `count`
@@ -358,9 +435,15 @@ class Run:
             try:
                 average_weights(model, [path for _, path in newest])
                 return [step for step, _ in newest]
-            except (OSError, ValueError):
-                if all(os.path.exists(path) for _, path in newest):
-                    raise
+            except (OSError, ValueError) as error:
+                if not all(os.path.exists(path) for _, path in newest):
+                    continue  # removed by the run as it was read
+                if isinstance(error, UnreadableWeights):
+                    raise error.advised(
+                        "Was it copied whole? Copy it again, or rename it to "
+                        f"{os.path.basename(error.path)}.unreadable (train does so itself "
+                        "as it resumes) to average the checkpoints before it") from None
+                raise
         raise FileNotFoundError(f"the checkpoints of {self.directory} changed three times "
                                 "while they were read; try again")
 
@@ -408,16 +491,20 @@ def init_source(init_from):
 
 def load_initial_weights(model, init_from):
     """Sets `model`'s weights (not its optimizer's) to those of `--init-from`."""
-    _, path = init_source(init_from)
-    if path.endswith(".keras"):
-        source = keras.saving.load_model(path, compile=False)
-    else:
-        source = build_transformer(model.config)
-        try:
-            source.load_weights(path)
-        except ValueError as error:
-            raise ValueError(f"--init-from {init_from}: {path} does not fit this model "
-                             f"({str(error).splitlines()[0]})") from None
+    run_dir, path = init_source(init_from)
+    try:
+        if path.endswith(".keras"):
+            source = read_model(path)
+        else:
+            source = build_transformer(model.config)
+            read_weights(source, path)
+    except UnreadableWeights as error:
+        checkpoints = os.path.join(run_dir, CHECKPOINTS)
+        raise ValueError(f"--init-from {init_from}: {error}. Was it copied whole? Copy it "
+                         f"again, or start from one of the checkpoints in {checkpoints}: "
+                         "--init-from with the path of its .weights.h5 file") from None
+    except ValueError as error:
+        raise ValueError(f"--init-from {init_from}: {path} does not fit this model "
+                         f"({_first_line(error)})") from None
     model.set_weights(source.get_weights())
     return path
-

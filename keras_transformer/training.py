@@ -449,13 +449,14 @@ def restore_latest_checkpoint(model, directory, init_from=""):
     checkpoints = found.list()
     for step, path in reversed(checkpoints):
         try:
-            model.load_weights(path)
+            runs.read_weights(model, path)
             if os.path.exists(found.rng_path(path)):
                 for variable, value in zip(_rng_states(model), np.load(found.rng_path(path))):
                     variable.assign(value)
         except Exception as error:  # h5py, Keras and NumPy each raise their own
-            print(f"Checkpoint {path} cannot be read ({type(error).__name__}: "
-                  f"{str(error).splitlines()[0] if str(error) else ''}); renamed it to "
+            problem = (error.problem if isinstance(error, runs.UnreadableWeights)
+                       else f"{type(error).__name__}: {str(error).strip()[:200]}")
+            print(f"Checkpoint {path} cannot be read ({problem}); renamed it to "
                   f"{os.path.basename(path)}.unreadable and going back to the one before.",
                   file=sys.stderr, flush=True)
             found.set_aside(path)
@@ -469,8 +470,9 @@ def restore_latest_checkpoint(model, directory, init_from=""):
         return step
     if checkpoints:
         # Partly loaded: neither the model nor the optimizer is in a known state.
-        raise ValueError(f"no checkpoint in {directory} can be read; remove the directory "
-                         "to start the run over")
+        raise ValueError(f"no checkpoint in {directory} can be read; each is renamed to "
+                         "<name>.unreadable. Put whole copies back to resume from them, or "
+                         "run the same command again to start the run over from step 0")
     if init_from:
         path = runs.load_initial_weights(model, init_from)
         print(f"Starting from the weights of {path}, with a fresh optimizer.", flush=True)

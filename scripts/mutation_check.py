@@ -192,6 +192,14 @@ MUTANTS = [
            "if all(os.path.exists(path) for _, path in newest):", "if True:",
            ["tests/test_runs.py::"
             "test_checkpoints_removed_while_read_are_replaced_by_the_newer_ones"]),
+    mutant("weights-cut-short-unexplained", "keras_transformer/runs.py",
+           "raise UnreadableWeights(path, _file_problem(path, error)) from None", "raise",
+           ["tests/test_runs.py::"
+            "test_weights_cut_short_name_the_file_what_is_wrong_and_what_to_do"]),
+    mutant("checkpoint-cut-short-without-advice", "keras_transformer/runs.py",
+           "if isinstance(error, UnreadableWeights):", "if False:",
+           ["tests/test_cli.py::"
+            "test_a_checkpoint_cut_short_is_one_line_from_each_decoding_command"]),
     mutant("tfds-download-failure-unexplained", "keras_transformer/data/corpora.py",
            "except requests.exceptions.RequestException as error:",
            "except ImportError as error:",

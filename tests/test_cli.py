@@ -792,6 +792,42 @@ def test_the_weights_flags_name_a_runs_weights(run_dir, capsys):
             assert weights == "checkpoints" and "has no checkpoint yet" in str(error)
 
 
+def test_a_checkpoint_cut_short_is_one_line_from_each_decoding_command(
+        run_dir, tmp_path, capsys):
+    """--weights checkpoints of a run whose newest checkpoint is cut short (a
+    copy that stopped midway): each decoding command names the file in one line
+    and exits 2, where translate and evaluate printed h5py's stack."""
+    import importlib
+
+    from keras_transformer import runs
+
+    run = runs.Run(str(tmp_path / "run"))
+    shutil.copytree(run_dir, run.directory)
+    os.makedirs(run.checkpoints.directory)
+    with open(run.averaged_weights, "rb") as f:
+        whole = f.read()
+    with open(run.checkpoints.path(7), "wb") as f:
+        f.write(whole[:10000])
+    (tmp_path / "in.txt").write_text("Hello.\n")
+    for command, flags in (("export", ["--out", tmp_path / "export"]),
+                           ("translate", [tmp_path / "in.txt"]),
+                           ("evaluate", ["--src", tmp_path / "in.txt",
+                                         "--ref", tmp_path / "in.txt"])):
+        module = importlib.import_module(f"keras_transformer.cli.{command}")
+        capsys.readouterr()
+        assert module.main(["--run", run.directory, "--weights", "checkpoints",
+                            *map(str, flags)]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        lines = [line for line in err.splitlines() if line.startswith("keras-transformer")]
+        assert lines == [f"keras-transformer {command}: {run.checkpoints.path(7)} cannot be "
+                         f"read: it is cut short (10000 of its {len(whole)} bytes). Was it "
+                         "copied whole? Copy it again, or rename it to "
+                         "ckpt-00000007.weights.h5.unreadable (train does so itself as it "
+                         "resumes) to average the checkpoints before it"], err
+    assert not os.path.exists(tmp_path / "export")
+
+
 def test_the_command_dispatches_to_its_sub_commands(capsys):
     """`keras-transformer COMMAND` (and `python -m keras_transformer COMMAND`) runs the
     same command as the clone's COMMAND.py, naming itself in its messages."""

@@ -345,6 +345,7 @@ def test_load_translator_from_a_run_and_errors(tmp_path, tokenizer):
             whole = f.read()
         with open(path, "wb") as f:
             f.write(whole[:len(whole) // 2])
-        with pytest.raises(ValueError, match=rf"{re.escape(path)} cannot be read as the model "
-                                             rf"of .*config.json .*Try weights='{other}'"):
+        with pytest.raises(ValueError, match=rf"{re.escape(path)} cannot be read: it is cut "
+                                             rf"short.*Was it copied whole\? Copy it again, or "
+                                             rf"try .*--weights {other} \(weights='{other}'\)"):
             loading.load_translator(run=run, weights=weights)

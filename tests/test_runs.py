@@ -20,7 +20,8 @@ def test_load_run_reports_missing_pieces(tmp_path, model, tokenizer):
         runs.Run(str(tmp_path)).load()
     run = make_run_dir(tmp_path / "run", tokenizer, model)
     os.remove(os.path.join(run, runs.AVERAGED_WEIGHTS))
-    with pytest.raises(FileNotFoundError, match="try weights='final'"):
+    with pytest.raises(FileNotFoundError, match=r"try its final model: --weights final "
+                                                r"\(weights='final'\)"):
         runs.Run(run).load()
     loaded, _, config = runs.Run(run).load("final")
     assert loaded.config == model.config and config["model"] == model.config.to_dict()
@@ -82,6 +83,62 @@ def test_a_stopped_run_says_what_to_do_and_translates_with_its_checkpoints(tmp_p
     averaged, _, _ = run.load("averaged")
     for got, expected in zip(loaded.get_weights(), averaged.get_weights()):
         np.testing.assert_array_equal(got, expected)
+
+
+def _cut(path, keep):
+    """Writes the first `keep` bytes of the file at `path` over it (a copy or a
+    disk that stopped midway); returns the whole file's bytes."""
+    with open(path, "rb") as f:
+        whole = f.read()
+    with open(path, "wb") as f:
+        f.write(whole[:keep])
+    return whole
+
+
+def test_weights_cut_short_name_the_file_what_is_wrong_and_what_to_do(tmp_path, tokenizer):
+    """A checkpoint cut short stops --weights checkpoints with a sentence that
+    names it, says how much of it is there and how to average the ones before
+    it (h5py's OSError and its stack before), and doing as it says works; an
+    empty file and one of other bytes are named as such; --init-from from a
+    run whose averaged weights are cut short names them and the checkpoints."""
+    import numpy as np
+
+    import keras_transformer as kt
+
+    run, saved, _ = _stopped_run(tmp_path / "run", tokenizer)
+    newest = run.checkpoints.path(3)
+    size = len(_cut(newest, 1000))
+    with pytest.raises(runs.UnreadableWeights) as error:
+        run.load("checkpoints")
+    message = str(error.value)
+    assert message.startswith(f"{newest} cannot be read: it is cut short (1000 of its {size} "
+                              "bytes). Was it copied whole?")
+    assert "rename it to ckpt-00000003.weights.h5.unreadable" in message
+    os.replace(newest, newest + ".unreadable")  # as it says
+    loaded, _, config = run.load("checkpoints")
+    assert config["checkpoint_steps"] == [1, 2]
+    for got, first, second in zip(loaded.get_weights(), saved[1], saved[2]):
+        np.testing.assert_allclose(got, (first.astype("float64") + second) / 2, rtol=1e-6,
+                                   atol=1e-7)
+
+    for content, problem in ((b"", "it is empty"),
+                             (b"not weights", "it is cut short, or no HDF5 weights file")):
+        with open(run.checkpoints.path(2), "wb") as f:
+            f.write(content)
+        with pytest.raises(runs.UnreadableWeights, match=f"ckpt-00000002.weights.h5 cannot be "
+                                                         f"read: {problem}"):
+            run.load("checkpoints")
+
+    model = kt.build_transformer(kt.TransformerConfig.tiny(tokenizer.vocab_size, d_model=16,
+                                                           d_ff=32))
+    model.save_weights(run.averaged_weights)
+    _cut(run.averaged_weights, 5000)
+    with pytest.raises(ValueError) as error:
+        runs.load_initial_weights(model, run.directory)
+    message = str(error.value)
+    assert message.startswith(f"--init-from {run.directory}: {run.averaged_weights} cannot be "
+                              "read: it is cut short (5000 of its")
+    assert f"one of the checkpoints in {run.checkpoints.directory}" in message
 
 
 def test_checkpoints_removed_while_read_are_replaced_by_the_newer_ones(
