@@ -189,7 +189,7 @@ MUTANTS = [
            ["tests/test_runs.py::"
             "test_a_stopped_run_says_what_to_do_and_translates_with_its_checkpoints"]),
     mutant("checkpoint-removed-while-read-fails", "keras_transformer/runs.py",
-           "if all(os.path.exists(path) for _, path in newest):", "if True:",
+           "if not all(os.path.exists(path) for _, path in newest):", "if False:",
            ["tests/test_runs.py::"
             "test_checkpoints_removed_while_read_are_replaced_by_the_newer_ones"]),
     mutant("weights-cut-short-unexplained", "keras_transformer/runs.py",

@@ -75,18 +75,24 @@ def doc_commands(page, languages=("bash",)):
     return commands
 
 
-def help_flags(command):
-    """The flags that `keras-transformer [COMMAND] --help` lists."""
+def help_text(command):
+    """What `keras-transformer [COMMAND] --help` prints."""
     argv = [command, "--help"] if command else ["--help"]
     result = subprocess.run([sys.executable, "-m", "keras_transformer", *argv], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    return set(FLAG.findall(result.stdout)) - {"--help"}
+    return result.stdout
 
 
 @pytest.fixture(scope="module")
-def all_help_flags():
-    return {command: help_flags(command) for command in (*cli.COMMANDS, None)}
+def all_help():
+    return {command: help_text(command) for command in (*cli.COMMANDS, None)}
+
+
+@pytest.fixture(scope="module")
+def all_help_flags(all_help):
+    """The flags that each command's --help lists."""
+    return {command: set(FLAG.findall(text)) - {"--help"} for command, text in all_help.items()}
 
 
 @pytest.mark.parametrize("command", [*cli.COMMANDS, None], ids=str)
@@ -96,6 +102,19 @@ def test_every_flag_of_help_is_documented(command, all_help_flags):
     missing = sorted(all_help_flags[command] - documented)
     assert not missing, (f"`keras-transformer {command or ''} --help` lists flags that "
                          f"{', '.join(FLAG_PAGES[command])} never mention: {missing}")
+
+
+@pytest.mark.parametrize("command", [*cli.COMMANDS, None], ids=str)
+def test_help_gives_a_default_only_where_it_says_something(command, all_help):
+    """No "(default: None)" after --export, "(default: False)" after --verbose,
+    "(default: )" after --tpu, nor a second default after a help that names its
+    own ("Default: the export's (a run's: 4). (default: None)")."""
+    text = re.sub(r"\s+", " ", all_help[command])
+    for noise in ("(default: None)", "(default: False)", "(default: )"):
+        assert noise not in text, noise
+    # A flag's help runs to the next line that starts with a flag.
+    for flag_help in re.split(r"\n  (?=-)", all_help[command]):
+        assert not ("Default:" in flag_help and "(default:" in flag_help), flag_help
 
 
 def test_documented_commands_use_existing_flags(all_help_flags):

@@ -382,12 +382,25 @@ def _field_docs(dataclass):
     return {name: text.replace("%", "%%") for name, text in docs.items()}
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's, which ends each flag's help with its default, but not where
+    that says nothing: a default of None, False or "" (a flag given or not),
+    or a help that names its default itself ("Default: the export's")."""
+
+    def _get_help_string(self, action):
+        says_nothing = action.default is None or action.default is False or action.default == ""
+        if says_nothing or "Default:" in action.help:
+            return action.help
+        return super()._get_help_string(action)
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
     """Bad flags give one line naming the problem, not the whole usage; every
-    command line has --verbose (see `quiet_libraries`)."""
+    command line has --verbose (see `quiet_libraries`); --help gives each
+    flag's default where it has one (`DefaultsHelpFormatter`)."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, formatter_class=DefaultsHelpFormatter, **kwargs)
         self.add_argument("--verbose", action="store_true", default=False,
                           help="show TensorFlow's and sentencepiece's own log lines")
 

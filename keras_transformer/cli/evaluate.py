@@ -11,7 +11,6 @@ paper-era tools (see keras_transformer/evaluation.py) and is the one to set
 beside the paper's Table 2.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -37,7 +36,6 @@ PROG = "keras-transformer evaluate"
 def parse_args(argv, prog=PROG):
     parser = OneLineErrorParser(
         prog=prog, description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_translator_flags(parser, "pairs")
     parser.add_argument("--test",

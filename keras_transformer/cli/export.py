@@ -13,7 +13,6 @@ process that imports only tensorflow and tensorflow_text, and must translate a
 few sentences exactly as the in-memory model does.
 """
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -49,7 +48,6 @@ FLAG_DEFAULTS = {"jit_compile": "auto", "precision": RUN_PRECISION, **dict.fromk
 def parse_args(argv, prog=PROG):
     parser = OneLineErrorParser(
         prog=prog, description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--run", required=True, help="the training run directory")
     parser.add_argument("--out", required=True,

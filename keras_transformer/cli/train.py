@@ -54,7 +54,6 @@ def parse_args(argv, prog=PROG):
     def parser(defaults):
         result = OneLineErrorParser(
             prog=prog, description=__doc__.split("\n")[0],
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
             argument_default=None if defaults else argparse.SUPPRESS,
         )
         result.add_argument("--out", default="runs/demo", help="the run directory")

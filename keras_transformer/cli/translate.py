@@ -16,7 +16,6 @@ writes one and waits for its translation, gets each answer at once, and a file
 poured through a pipe is still translated in batches.
 """
 
-import argparse
 import os
 import select
 import stat
@@ -43,7 +42,6 @@ CHUNK_LINES = 1024
 def parse_args(argv, prog=PROG):
     parser = OneLineErrorParser(
         prog=prog, description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("input", nargs="?", default="-",
                         help="the text file to translate; - for stdin")
