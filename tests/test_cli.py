@@ -828,6 +828,28 @@ def test_a_checkpoint_cut_short_is_one_line_from_each_decoding_command(
     assert not os.path.exists(tmp_path / "export")
 
 
+def test_the_command_lines_keep_urllib3s_retries_off_stderr():
+    """TFDS downloads a corpus on its first use; offline, urllib3 logged a line
+    for each of its retries ("Retrying (Retry(total=9, ...)) after connection
+    broken by 'NameResolutionError(...)'"), a screenful before the one line
+    that says why. The command lines keep them off stderr; their own lines, and
+    urllib3's errors, stay."""
+    script = (
+        "import logging, sys\n"
+        "from keras_transformer.cli.common import quiet_libraries\n"
+        "quiet_libraries()\n"
+        "logging.basicConfig()\n"
+        "log = logging.getLogger('urllib3.connectionpool')\n"
+        "log.warning('Retrying (Retry(total=9)) after connection broken')\n"
+        "log.error('an error of its own')\n"
+        "print('train.py: our own line', file=sys.stderr)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONPATH=python_path(ROOT)), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "Retrying" not in result.stderr
+    assert "an error of its own" in result.stderr and "our own line" in result.stderr
+
+
 def test_the_command_dispatches_to_its_sub_commands(capsys):
     """`keras-transformer COMMAND` (and `python -m keras_transformer COMMAND`) runs the
     same command as the clone's COMMAND.py, naming itself in its messages."""

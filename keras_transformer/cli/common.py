@@ -9,6 +9,7 @@ answers before TensorFlow is imported.
 import argparse
 import atexit
 import dataclasses
+import logging
 import os
 import re
 import sys
@@ -435,10 +436,15 @@ _UNACTIONABLE_WARNINGS = (
     r"`shuffle=True` was passed, but will be ignored",  # our batches come shuffled
     r"Your input ran out of data",  # the finite dev set ends each evaluation
 )
+# Python loggers whose warnings a user of the command lines cannot act on: urllib3
+# writes one for each retry of a download (TFDS's first use of a corpus, offline: a
+# screenful in its 3 to 4 minutes of retries, before the one line that says why).
+_UNACTIONABLE_LOGGERS = ("urllib3",)
 
 
 def quiet_libraries():
-    """Keeps the libraries' own log lines and unactionable warnings off stderr.
+    """Keeps the libraries' own log lines and unactionable warnings (Python's and
+    their loggers', `_UNACTIONABLE_LOGGERS`) off stderr.
 
     C++ code writes to file descriptor 2 directly, so the descriptor is redirected
     to a pipe whose reader passes on every line but the libraries' log lines
@@ -447,6 +453,8 @@ def quiet_libraries():
     """
     for message in _UNACTIONABLE_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
+    for name in _UNACTIONABLE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     sys.stderr.flush()
     read_end, write_end = os.pipe()
     original = os.dup(2)
