@@ -378,8 +378,11 @@ class Run:
         weights_path = os.path.join(self.directory, WEIGHTS[weights])
         if not os.path.exists(weights_path):
             raise FileNotFoundError(self._missing_weights(weights))
-        instead = self._weights_instead(weights)
-        instead = f"try {_try_weights(instead)}" if instead else ""
+
+        def instead(joint):  # the advice, worked out only where loading failed
+            other = self._weights_instead(weights)
+            return f"{joint}try {_try_weights(other)}" if other else ""
+
         try:
             if weights == "final":
                 model = read_model(weights_path)  # no optimizer
@@ -387,12 +390,11 @@ class Run:
                 model = build_transformer(config)
                 read_weights(model, weights_path)
         except UnreadableWeights as error:
-            raise error.advised("Was it copied whole? Copy it again"
-                                + (f", or {instead}" if instead else "")) from None
+            raise error.advised("Was it copied whole? Copy it again" + instead(", or ")
+                                ) from None
         except ValueError as error:  # Keras's: another model's weights
             raise ValueError(f"{weights_path} holds another model than {self.config_path} "
-                             f"({_first_line(error)})" + (f"; {instead}" if instead else "")
-                             ) from None
+                             f"({_first_line(error)})" + instead("; ")) from None
         if model.config != config:
             raise ValueError(
                 f"{weights_path} holds a model whose config differs from {self.config_path}"
