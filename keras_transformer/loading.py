@@ -29,6 +29,14 @@ def translator_from_run(run_dir, weights="averaged", config=None, **settings):
     """
     run = runs.Run(run_dir)
     model, tokenizer, _ = run.load(weights)
+    return run_translator(run, model, tokenizer, config, **settings)
+
+
+def run_translator(run, model, tokenizer, config=None, **settings):
+    """The `serving.Translator` of `model` and `tokenizer` as `run.load` gave them
+    (`run`: a `runs.Run`), with the run's decoding: `translator_from_run`'s, for
+    a caller that reads what `Run.load` says of the weights (the steps of the
+    checkpoints it averaged)."""
     if config is None:
         settings = {"precision": RUN_PRECISION, **run.decoding_settings(), **settings}
     return serving.Translator(model, tokenizer, config, **settings)

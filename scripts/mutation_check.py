@@ -214,9 +214,15 @@ MUTANTS = [
            "check_not_swapped(parser, export=args.export, run=args.run)", "pass",
            ["tests/test_cli.py::test_a_run_passed_as_an_export_and_an_export_as_a_run_are_named"]),
     mutant("translate-weights-ignored", "keras_transformer/cli/common.py",
-           "return loading.load_translator(args.export, args.run, args.weights, **settings)",
-           "return loading.load_translator(args.export, args.run, **settings)",
+           "model, tokenizer, run_config = run.load(args.weights)",
+           "model, tokenizer, run_config = run.load()",
            ["tests/test_cli.py::test_decoding_flags_and_weights_reach_the_search"]),
+    # A TFDS corpus offline waits out TFDS's retries (3.5 minutes) before it says why.
+    mutant("tfds-offline-waits-for-the-retries", "keras_transformer/data/corpora.py",
+           "unreachable = None if mocked else _unreachable(builder.url_infos)",
+           "unreachable = None",
+           ["tests/data/test_corpora.py::"
+            "test_an_unprepared_tfds_corpus_offline_fails_at_once_naming_the_hosts"]),
     mutant("evaluate-beam-size-ignored", "keras_transformer/cli/evaluate.py",
            "**{name: getattr(args, name) for name in REQUEST_SETTINGS},",
            "**{name: getattr(args, name) for name in REQUEST_SETTINGS if name != 'beam_size'},",

@@ -192,22 +192,33 @@ def _main(module, monkeypatch, capsys, *flags, translators=None):
     --verbose keeps stderr as it is, the environment is restored afterwards. With
     `translators`, the command's --run loads the one of its --weights (see
     run_translators), wrapped in a `Recording`, returned with the output."""
-    from keras_transformer import loading
-
     for name in ("TF_ENABLE_ONEDNN_OPTS", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"):
         monkeypatch.setenv(name, os.environ.get(name, "1"))
     loaded = []
     if translators is not None:
-        def load_translator(export, run, weights="averaged", **options):
-            assert export is None and os.path.isdir(run)
-            loaded.append(Recording(translators[weights], options))
+        def run_translator(run, model, tokenizer, **options):
+            loaded.append(Recording(translators[model], options))
             return loaded[-1]
 
-        monkeypatch.setattr(loading, "load_translator", load_translator)
+        _load_runs_as(monkeypatch, run_translator)
     capsys.readouterr()
     assert module.main([*map(str, flags), "--verbose"]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     return (out, loaded[0]) if translators is not None else out
+
+
+def _load_runs_as(monkeypatch, run_translator):
+    """A command's --run gives `run_translator(run, weights, None)`'s translator:
+    `Run.load` is stubbed to give the name of its weights as the model."""
+    from keras_transformer import loading
+    from keras_transformer import runs
+
+    def load(run, weights="averaged"):
+        assert os.path.isdir(run.directory)
+        return weights, None, {}
+
+    monkeypatch.setattr(runs.Run, "load", load)
+    monkeypatch.setattr(loading, "run_translator", run_translator)
 
 
 def _translations(translator, sentences, **knobs):
@@ -226,7 +237,6 @@ def test_a_full_disk_keeps_the_output_file_that_was_there_and_says_so(
     ENOSPC surfaces) leaves the file that was there, and the command says what
     failed in a line (exit 1) instead of a traceback."""
     from keras_transformer import durable
-    from keras_transformer import loading
     from keras_transformer.cli import evaluate
     from keras_transformer.cli import translate
 
@@ -234,8 +244,7 @@ def test_a_full_disk_keeps_the_output_file_that_was_there_and_says_so(
     source.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
     output = tmp_path / "out.txt"
     output.write_text("what was there\n", encoding="utf-8")
-    monkeypatch.setattr(loading, "load_translator",
-                        lambda *args, **options: run_translators["averaged"])
+    _load_runs_as(monkeypatch, lambda *args, **options: run_translators["averaged"])
     for name in ("TF_ENABLE_ONEDNN_OPTS", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"):
         monkeypatch.setenv(name, os.environ.get(name, "1"))
 
@@ -826,6 +835,21 @@ def test_a_checkpoint_cut_short_is_one_line_from_each_decoding_command(
                          "ckpt-00000007.weights.h5.unreadable (train does so itself as it "
                          "resumes) to average the checkpoints before it"], err
     assert not os.path.exists(tmp_path / "export")
+
+    # Renamed as the message says, the checkpoints before it are averaged, and
+    # translate says which, as export does (on stderr: stdout is the output).
+    for step in (3, 5):
+        shutil.copyfile(run.averaged_weights, run.checkpoints.path(step))
+    os.rename(run.checkpoints.path(7), run.checkpoints.path(7) + ".unreadable")
+    from keras_transformer.cli import translate
+
+    capsys.readouterr()
+    assert translate.main(["--run", run.directory, "--weights", "checkpoints",
+                           str(tmp_path / "in.txt")]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1
+    assert (f"keras-transformer translate: the average of the checkpoints of steps 3, 5 "
+            f"of {run.directory}\n") in err, err
 
 
 def test_the_command_lines_keep_urllib3s_retries_off_stderr():

@@ -104,15 +104,32 @@ def parallel_searches(export=None, run=None):
     return hardware.cpu_parallel_searches()
 
 
-def load_command_translator(args):
+def load_command_translator(args, prog):
     """The translator of a decoding command (translate, evaluate): its --export,
     or its --run with --weights. A run's translator traces only the search of
-    --beam-size, the one its requests ask for (`decoding_config.one_beam_size`)."""
+    --beam-size, the one its requests ask for (`decoding_config.one_beam_size`);
+    with --weights checkpoints, the command says which it averaged."""
     from keras_transformer import loading
+    from keras_transformer import runs
     from keras_transformer.decoding_config import one_beam_size
 
-    settings = {} if args.run is None else one_beam_size(args.beam_size)
-    return loading.load_translator(args.export, args.run, args.weights, **settings)
+    if args.run is None:
+        return loading.load_export(args.export)
+    run = runs.Run(args.run)
+    model, tokenizer, run_config = run.load(args.weights)
+    say_checkpoints(prog, args.run, run_config, file=sys.stderr)  # stdout: the output
+    return loading.run_translator(run, model, tokenizer, **one_beam_size(args.beam_size))
+
+
+def say_checkpoints(prog, run_dir, run_config, file=None):
+    """Prints to `file` (stdout where None) which checkpoints of `run_dir` the
+    weights are, where `run_config` (from `Run.load`) says: their steps, for
+    `--weights checkpoints`."""
+    if "checkpoint_steps" in run_config:
+        steps = run_config["checkpoint_steps"]
+        which = (f"the checkpoint of step {steps[0]}" if len(steps) == 1 else
+                 f"the average of the checkpoints of steps {', '.join(map(str, steps))}")
+        print(f"{prog}: {which} of {run_dir}", file=file, flush=True)
 
 
 def check_not_swapped(parser, export=None, run=None):

@@ -133,7 +133,7 @@ def main(argv=None, prog=PROG):
 
     try:
         pairs = load_pairs(args)
-        translator = load_command_translator(args)
+        translator = load_command_translator(args, prog)
         result = evaluation.evaluate(
             translator, pairs, args.batch_size, args.progress, limit=args.limit,
             **{name: getattr(args, name) for name in REQUEST_SETTINGS},

@@ -24,6 +24,7 @@ from keras_transformer.cli.common import add_decoding_flags
 from keras_transformer.cli.common import check_not_swapped
 from keras_transformer.cli.common import decoding_config
 from keras_transformer.cli.common import os_error_line
+from keras_transformer.cli.common import say_checkpoints
 from keras_transformer.cli.common import start_decoding
 from keras_transformer.ctranslate2_model import QUANTIZATIONS
 from keras_transformer.decoding_config import REQUEST_SETTINGS
@@ -109,11 +110,7 @@ def main(argv=None, prog=PROG):
     try:
         run = runs.Run(args.run)
         model, tokenizer, run_config = run.load(args.weights)
-        if "checkpoint_steps" in run_config:
-            steps = run_config["checkpoint_steps"]
-            which = (f"the checkpoint of step {steps[0]}" if len(steps) == 1 else
-                     f"the average of the checkpoints of steps {', '.join(map(str, steps))}")
-            print(f"{prog}: {which} of {args.run}", flush=True)
+        say_checkpoints(prog, args.run, run_config)
         if args.format == "ctranslate2":
             return export_ctranslate2(model, tokenizer, args, prog)
         chosen = run.decoding_settings()  # what the run chose on its dev set

@@ -106,7 +106,7 @@ def main(argv=None, prog=PROG):
     streaming = streams(args)
     try:
         lines = None if streaming else read_lines(args.input)
-        translator = load_command_translator(args)
+        translator = load_command_translator(args, prog)
         if streaming:
             if sys.stdin.isatty():
                 print(f"{prog}: type a sentence and press Enter; Ctrl-D ends",

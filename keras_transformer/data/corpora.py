@@ -16,6 +16,9 @@ file and the line. Then `tf.data.TextLineDataset` reads them again as the datase
 import gzip
 import json
 import os
+import socket
+import urllib.parse
+import urllib.request
 
 import numpy as np
 import tensorflow as tf
@@ -31,6 +34,10 @@ _BLOCK = 4096
 # The pairs `hold_out` gives dev and test each, and the share of a corpus at most.
 HELD_OUT_PAIRS = 500
 HELD_OUT_SHARE = 20
+# Where TFDS looks for a corpus prepared (DownloadConfig.try_download_gcs), and how
+# long a host may take to accept a connection before a corpus's download starts.
+_TFDS_PREPARED_COPIES_HOST = "storage.googleapis.com"
+_CONNECT_SECONDS = 5
 
 
 def load_parallel(
@@ -97,7 +104,7 @@ def load_parallel(
     if isinstance(source, (tuple, list)):
         if len(source) != 2:
             raise ValueError(
-                "load_parallel: a file source is (source_path, target_path) or one "
+                "A file source is (source_path, target_path) or one "
                 f"tab-separated path. Received: {source!r}"
             )
         paths = [_format_split(os.fspath(path), split) for path in source]
@@ -105,7 +112,7 @@ def load_parallel(
     if isinstance(source, (str, os.PathLike)):
         return read_tsv_file(_format_split(os.fspath(source), split))
     raise TypeError(
-        "load_parallel: source must be 'bundled', 'tfds:NAME', a path or a pair of "
+        "The source must be 'bundled', 'tfds:NAME', a path or a pair of "
         f"paths. Received: {source!r}"
     )
 
@@ -230,11 +237,11 @@ def _load_tfds(name, split, source_language, target_language, data_dir, download
         builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError as error:
         raise ValueError(
-            f"load_parallel: unknown TFDS dataset {name!r} (from 'tfds:{name}'); "
+            f"Unknown TFDS dataset {name!r} (from 'tfds:{name}'); "
             "tfds.list_builders() lists the names, e.g. 'tfds:wmt14_translate/de-en'"
         ) from error
     except ValueError as error:  # an unknown config; TFDS lists close ones
-        raise ValueError(f"load_parallel: 'tfds:{name}': {error}") from error
+        raise ValueError(f"'tfds:{name}': {error}") from error
 
     features = builder.info.features
     text_keys = sorted(
@@ -243,7 +250,7 @@ def _load_tfds(name, split, source_language, target_language, data_dir, download
     )
     if len(text_keys) < 2:
         raise ValueError(
-            f"load_parallel: TFDS dataset {name!r} has text features {text_keys}; "
+            f"TFDS dataset {name!r} has text features {text_keys}; "
             "a parallel corpus needs two"
         )
     config = builder.builder_config.name if builder.builder_config else ""
@@ -251,21 +258,32 @@ def _load_tfds(name, split, source_language, target_language, data_dir, download
         text_keys, source_language, target_language,
         default=_default_direction(config, text_keys), what=f"TFDS dataset {name!r}",
     )
-    if download:
+    # What download_and_prepare checks (is_prepared logs a warning where not).
+    if download and not builder.data_path.exists():
         import requests  # TFDS downloads with it
 
+        def failed(reason):
+            return ConnectionError(
+                f"'tfds:{name}' is not prepared in {builder.data_dir}, and downloading it "
+                f"failed ({reason}). TFDS downloads and prepares a corpus on its first use, "
+                "which needs the network and room on disk (WMT14 en-de: several GB); "
+                "prepare it where there is a network (the same command, or "
+                "tfds.builder(name).download_and_prepare()) and copy ~/tensorflow_datasets "
+                "(or $TFDS_DATA_DIR) here"
+            )
+
+        # tfds.testing.mock_data replaces download_and_prepare with a no-op: its
+        # corpora need no network.
+        mocked = type(builder).download_and_prepare.__module__.startswith(
+            "tensorflow_datasets.testing")
+        unreachable = None if mocked else _unreachable(builder.url_infos)
+        if unreachable:
+            raise failed(unreachable)
         try:
             builder.download_and_prepare()
         except requests.exceptions.RequestException as error:
             reason = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-            raise ConnectionError(
-                f"load_parallel: 'tfds:{name}' is not prepared in {builder.data_dir}, and "
-                f"downloading it failed ({reason}). TFDS downloads and prepares a corpus on "
-                "its first use, which needs the network and room on disk (WMT14 en-de: "
-                "several GB); prepare it where there is a network (the same command, or "
-                "tfds.builder(name).download_and_prepare()) and copy ~/tensorflow_datasets "
-                "(or $TFDS_DATA_DIR) here"
-            ) from error
+            raise failed(reason) from error
     split = _tfds_split(split, builder.info.splits)  # known once prepared
     dataset = builder.as_dataset(split=split, shuffle_files=False)
     return dataset.map(
@@ -274,6 +292,33 @@ def _load_tfds(name, split, source_language, target_language, data_dir, download
             "target": example[target_language],
         }
     )
+
+
+def _unreachable(url_infos):
+    """Why a download of `url_infos` (a TFDS builder's URLs) would fail, found in
+    seconds: "no connection to HOSTS" where none of their hosts, nor the host of
+    TFDS's prepared copies, accepts a connection. Offline, TFDS retries each
+    download 10 times, backing off for 3.5 minutes before it fails. None where a
+    host answers, where the URLs are unknown, and behind a proxy (it may reach
+    hosts this machine cannot)."""
+    if urllib.request.getproxies():
+        return None
+    ports = {"http": 80, "https": 443, "ftp": 21}
+    hosts = {}
+    for url in url_infos or ():
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.hostname and parsed.scheme in ports:
+            hosts.setdefault(parsed.hostname, parsed.port or ports[parsed.scheme])
+    if not hosts:
+        return None
+    hosts.setdefault(_TFDS_PREPARED_COPIES_HOST, 443)
+    for host, port in hosts.items():
+        try:
+            socket.create_connection((host, port), timeout=_CONNECT_SECONDS).close()
+            return None
+        except OSError:
+            continue
+    return f"no connection to {', '.join(sorted(hosts))}"
 
 
 def _tfds_split(split, splits):
@@ -308,14 +353,15 @@ def _choose_languages(keys, source_language, target_language, default, what):
                            ("target_language", target_language)):
         if language is not None and language not in keys:
             raise ValueError(
-                f"load_parallel: {what} has no language key {language!r}; available "
+                f"{what[0].upper()}{what[1:]} has no language key {language!r}; available "
                 f"keys: {', '.join(keys)}. Received: {role}={language!r}"
             )
     if source_language is None and target_language is None:
         if default is None:
             raise ValueError(
-                f"load_parallel: {what} has language keys {', '.join(keys)}; pass "
-                "source_language= and target_language= to choose the direction"
+                f"{what[0].upper()}{what[1:]} has language keys {', '.join(keys)}; pass "
+                "source_language= and target_language= (train's and evaluate's "
+                "--source-language and --target-language) to choose the direction"
             )
         return tuple(default)
     if source_language is None or target_language is None:
@@ -323,15 +369,16 @@ def _choose_languages(keys, source_language, target_language, default, what):
         others = [key for key in keys if key != given]
         if len(others) != 1:
             raise ValueError(
-                f"load_parallel: {what} has language keys {', '.join(keys)}; pass "
-                "both source_language= and target_language="
+                f"{what[0].upper()}{what[1:]} has language keys {', '.join(keys)}; pass "
+                "both source_language= and target_language= (--source-language and "
+                "--target-language)"
             )
         if source_language is None:
             return others[0], target_language
         return source_language, others[0]
     if source_language == target_language:
         raise ValueError(
-            "load_parallel: source_language and target_language must differ. "
+            "source_language and target_language must differ. "
             f"Received: both {source_language!r}"
         )
     return source_language, target_language
@@ -340,11 +387,11 @@ def _choose_languages(keys, source_language, target_language, default, what):
 def _format_split(path, split):
     if "{split}" in path:
         if split is None:
-            raise ValueError(f"load_parallel: {path} has a {{split}} placeholder; pass split=")
+            raise ValueError(f"{path} has a {{split}} placeholder; pass split= (--split)")
         return path.replace("{split}", split)
     if split is not None:
         raise ValueError(
-            f"load_parallel: a file source has no splits; pass the file of the split "
+            f"A file source has no splits; pass the file of the split "
             f"you want, or put {{split}} in its name. Received: split={split!r} "
             f"for {path}"
         )
@@ -353,7 +400,7 @@ def _format_split(path, split):
 
 def _open(path):
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"load_parallel: {path} does not exist or is not a file")
+        raise FileNotFoundError(f"{path} does not exist or is not a file")
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 

@@ -4,6 +4,7 @@ import hashlib
 import os
 import re
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -250,15 +251,15 @@ def test_missing_file_and_corrupt_gzip(tmp_path):
 
 def test_file_sources_refuse_splits_and_languages(tmp_path):
     path = write(tmp_path / "p.tsv", "a\tb\n")
-    with pytest.raises(ValueError, match="a file source has no splits"):
+    with pytest.raises(ValueError, match="A file source has no splits"):
         data.load_parallel(path, "train")
     with pytest.raises(ValueError, match="has a \\{split\\} placeholder; pass split="):
         data.load_parallel(str(tmp_path / "{split}.tsv"))
     with pytest.raises(ValueError, match="files are read in the order given"):
         data.load_parallel(path, source_language="en")
-    with pytest.raises(ValueError, match="a file source is \\(source_path, target_path\\)"):
+    with pytest.raises(ValueError, match="A file source is \\(source_path, target_path\\)"):
         data.load_parallel((path, path, path))
-    with pytest.raises(TypeError, match="source must be 'bundled', 'tfds:NAME'"):
+    with pytest.raises(TypeError, match="The source must be 'bundled', 'tfds:NAME'"):
         data.load_parallel(42)
 
 
@@ -321,14 +322,23 @@ def test_tfds_dev_means_validation(tfds):
         assert len(as_pairs(data.load_parallel("tfds:wmt14_translate/de-en", "dev"))) == 2
 
 
-def test_an_unprepared_tfds_corpus_downloads_and_says_why_it_could_not(tfds, tmp_path,
-                                                                       monkeypatch, caplog):
-    """The first use of a TFDS corpus downloads and prepares it. Everything that
-    path needs is installed (TFDS 4.9.10 needs importlib_resources on Python 3.11
-    but declares it for Python < 3.9 only: without it, `train --data
-    tfds:wmt14_translate/de-en` stopped with a ModuleNotFoundError), up to the
-    download; the download's failure (no network here, stubbed to fail at once)
-    says which corpus, where, and what to do."""
+class _Network:
+    """`socket.create_connection` stubbed: hosts in `reachable` accept, the others
+    fail as offline (a name that does not resolve); `tried` lists each call."""
+
+    def __init__(self, reachable=()):
+        self.reachable, self.tried = set(reachable), []
+
+    def __call__(self, address, timeout=None, *args, **kwargs):
+        import socket
+
+        self.tried.append((address, timeout))
+        if address[0] not in self.reachable:
+            raise socket.gaierror(-2, "Name or service not known")
+        return types.SimpleNamespace(close=lambda: None)
+
+
+def _download_fails(tfds, monkeypatch):
     import requests
 
     calls = []
@@ -339,11 +349,28 @@ def test_an_unprepared_tfds_corpus_downloads_and_says_why_it_could_not(tfds, tmp
             "HTTPConnectionPool(host='www.statmt.org', port=80): Max retries exceeded")
 
     monkeypatch.setattr(tfds.download.DownloadManager, "download_and_extract", offline)
+    for proxy in ("http_proxy", "https_proxy", "all_proxy", "ftp_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+        monkeypatch.delenv(proxy.upper(), raising=False)
+    return calls
+
+
+def test_an_unprepared_tfds_corpus_downloads_and_says_why_it_could_not(tfds, tmp_path,
+                                                                       monkeypatch, caplog):
+    """The first use of a TFDS corpus downloads and prepares it. Everything that
+    path needs is installed (TFDS 4.9.10 needs importlib_resources on Python 3.11
+    but declares it for Python < 3.9 only: without it, `train --data
+    tfds:wmt14_translate/de-en` stopped with a ModuleNotFoundError), up to the
+    download; the download's failure (stubbed to fail at once, with the hosts
+    reachable) says which corpus, where, and what to do."""
+    calls = _download_fails(tfds, monkeypatch)
+    network = _Network(reachable={"www.statmt.org"})
+    monkeypatch.setattr(corpora.socket, "create_connection", network)
     with pytest.raises(ConnectionError) as error:
         data.load_parallel("tfds:wmt14_translate/de-en", "train", data_dir=str(tmp_path))
     assert calls, "the download was never reached"
     message = str(error.value)
-    assert message.startswith(f"load_parallel: 'tfds:wmt14_translate/de-en' is not prepared in "
+    assert message.startswith(f"'tfds:wmt14_translate/de-en' is not prepared in "
                               f"{tmp_path}/wmt14_translate/de-en/"), message
     assert "downloading it failed (HTTPConnectionPool(host='www.statmt.org'" in message
     assert "needs the network" in message and "$TFDS_DATA_DIR" in message
@@ -352,9 +379,50 @@ def test_an_unprepared_tfds_corpus_downloads_and_says_why_it_could_not(tfds, tmp
     assert "deprecated" not in caplog.text, caplog.text
 
 
+def test_an_unprepared_tfds_corpus_offline_fails_at_once_naming_the_hosts(tfds, tmp_path,
+                                                                         monkeypatch, caplog):
+    """Offline, TFDS retries each download 10 times, backing off: `train --data
+    tfds:wmt14_translate/de-en` waited 3 min 24 s before it said why. Where no
+    host of the corpus (nor TFDS's prepared copies) accepts a connection, the
+    same message comes before any download, naming the hosts; behind a proxy,
+    which may reach hosts this machine cannot resolve, the download is tried."""
+    calls = _download_fails(tfds, monkeypatch)
+    network = _Network()
+    monkeypatch.setattr(corpora.socket, "create_connection", network)
+    with pytest.raises(ConnectionError) as error:
+        data.load_parallel("tfds:wmt14_translate/de-en", "train", data_dir=str(tmp_path))
+    assert not calls, "the download was tried offline"
+    assert str(error.value).startswith(
+        f"'tfds:wmt14_translate/de-en' is not prepared in {tmp_path}/wmt14_translate/de-en/"
+        "1.0.0, and downloading it failed (no connection to data.statmt.org, "
+        "storage.googleapis.com, www.statmt.org). TFDS downloads"), str(error.value)
+    # TFDS's is_prepared logged "Variant folder DIR has no dataset_info.json" for
+    # a corpus not prepared: nothing a user can act on.
+    assert "Variant folder" not in caplog.text, caplog.text
+    assert sorted(network.tried) == [(("data.statmt.org", 80), 5),
+                                     (("storage.googleapis.com", 443), 5),
+                                     (("www.statmt.org", 80), 5)]
+
+    monkeypatch.setenv("https_proxy", "http://proxy.example:3128")
+    with pytest.raises(ConnectionError, match=r"failed \(HTTPConnectionPool"):
+        data.load_parallel("tfds:wmt14_translate/de-en", "train", data_dir=str(tmp_path))
+    assert calls, "behind a proxy, the download was not tried"
+
+
+def test_unreachable_is_none_where_one_host_answers_or_no_url_is_known(monkeypatch):
+    monkeypatch.setattr(corpora.socket, "create_connection",
+                        _Network(reachable={"storage.googleapis.com"}))
+    assert corpora._unreachable({"https://data.statmt.org/a.tgz": None}) is None
+    monkeypatch.setattr(corpora.socket, "create_connection", _Network())
+    assert corpora._unreachable(None) is None and corpora._unreachable({}) is None
+    assert corpora._unreachable({"ftp://ftp.example.org:2121/x": None,
+                                 "http://www.example.org/y": None}) == (
+        "no connection to ftp.example.org, storage.googleapis.com, www.example.org")
+
+
 def test_tfds_unknown_names_and_keys(tfds):
     with tfds.testing.mock_data(num_examples=2):
-        with pytest.raises(ValueError, match="unknown TFDS dataset 'no_such_corpus'"):
+        with pytest.raises(ValueError, match="Unknown TFDS dataset 'no_such_corpus'"):
             data.load_parallel("tfds:no_such_corpus", "train")
         with pytest.raises(ValueError, match="'tfds:wmt14_translate/xx-en'"):
             data.load_parallel("tfds:wmt14_translate/xx-en", "train")
