@@ -293,13 +293,44 @@ def _check_lengths(sentences, max_input_chars, first_number):
             "--max-input-chars")
 
 
+# The lines of a graph's error that say where, not what.
+_GRAPH_ERROR_LINES = re.compile(r"Graph execution error|Detected at node|<stack traces|\[\[|File ")
+# The groups `tf.debugging.assert_non_negative` adds after the message.
+_ASSERT_DETAILS = re.compile(r"Condition .* did not hold|\S+ \(\S+:\d+\) = $")
+
+
 def _assertion_message(error):
-    """The readable part of a failed in-graph check, without the node dump."""
+    """The readable part of a failed in-graph check, without the node dump:
+    "extra_length must be >= 0; received -1" for TensorFlow's "assertion
+    failed: [extra_length must be >= 0; received.  ] [Condition x >= 0 did not
+    hold element-wise:] [x (extra_length:0) = ] [-1]"."""
     match = re.search(r"assertion failed: (.*)", error.message)
     if match:
-        return match.group(1).strip()
-    lines = [line.strip() for line in error.message.splitlines() if line.strip()]
+        groups = _bracket_groups(match.group(1))
+        if not groups:
+            return match.group(1).strip()
+        message, *values = groups
+        values = [value for value in values if not _ASSERT_DETAILS.search(value)]
+        return " ".join([message.strip().rstrip(". "), *values])
+    lines = [line.strip() for line in error.message.splitlines()
+             if line.strip() and not _GRAPH_ERROR_LINES.match(line.strip())]
     return lines[0] if lines else str(error)
+
+
+def _bracket_groups(text):
+    """The contents of the top-level `[...]` groups of `text`, nested brackets
+    kept: ["a [1, 2] b", "3"] for "[a [1, 2] b] [3]"."""
+    groups, depth, start = [], 0, 0
+    for i, character in enumerate(text):
+        if character == "[":
+            depth += 1
+            if depth == 1:
+                start = i + 1
+        elif character == "]" and depth:
+            depth -= 1
+            if depth == 0:
+                groups.append(text[start:i])
+    return groups
 
 
 def _read_pairs(pairs, limit):

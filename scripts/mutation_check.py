@@ -223,6 +223,12 @@ MUTANTS = [
            "unreachable = None",
            ["tests/data/test_corpora.py::"
             "test_an_unprepared_tfds_corpus_offline_fails_at_once_naming_the_hosts"]),
+    # translate --beam-size 3 of an export of 1, 2, 4, 8 waits for the load, then
+    # prints TensorFlow's assertion.
+    mutant("untraced-beam-size-found-after-loading", "keras_transformer/cli/common.py",
+           "if traced and args.beam_size not in traced:", "if False:",
+           ["tests/test_cli.py::"
+            "test_request_flags_the_translator_would_refuse_are_refused_before_it_loads"]),
     mutant("evaluate-beam-size-ignored", "keras_transformer/cli/evaluate.py",
            "**{name: getattr(args, name) for name in REQUEST_SETTINGS},",
            "**{name: getattr(args, name) for name in REQUEST_SETTINGS if name != 'beam_size'},",

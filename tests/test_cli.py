@@ -67,6 +67,36 @@ def test_bad_flags_give_one_line(script, args, fragments):
     assert_one_line_error(run(script, *args), script, *fragments)
 
 
+def test_request_flags_the_translator_would_refuse_are_refused_before_it_loads(tmp_path):
+    """A request setting the translator refuses was refused only once TensorFlow
+    had started and the export had loaded (11 s), in TensorFlow's words: "the
+    translator rejected the request: [extra_length must be >= 0; received.  ]
+    [Condition x >= 0 did not hold element-wise:] [x (extra_length:0) = ] [-1]",
+    and `--alpha nan` as "Graph execution error:". Now at once, in the flags'."""
+    export = tmp_path / "export"
+    os.makedirs(export / "1" / "assets.extra")
+    (export / "1" / "saved_model.pb").write_bytes(b"")
+    (export / "1" / "assets.extra" / "config.json").write_text(
+        json.dumps({"translator": {"beam_sizes": [1, 4]}}))
+    for script, flags, message in (
+            ("translate.py", ["--extra-length", "-1"],
+             "--extra-length must be an int >= 0. Received: --extra-length=-1"),
+            ("evaluate.py", ["--alpha", "nan"],
+             "--alpha must be a finite number. Received: --alpha=nan"),
+            ("translate.py", ["--no-repeat-ngram-size", "-2"],
+             "--no-repeat-ngram-size must be an int >= 0 (0 blocks nothing). Received: "
+             "--no-repeat-ngram-size=-2"),
+            ("translate.py", ["--beam-size", "0"], "--beam-size must be >= 1. Received: 0"),
+            ("evaluate.py", ["--beam-size", "3"],
+             "--beam-size 3: the export traced the beam sizes 1, 4 (export's --beam-sizes "
+             "chooses them); pass one of those")):
+        result = run(script, "--export", export, *flags)
+        assert_one_line_error(result, script, f"{script}: {message} (see --help)")
+    # A run traces the beam size asked for: any size is one it has.
+    result = run("translate.py", "--run", tmp_path, "--beam-size", "3")
+    assert "--beam-size" not in result.stderr and result.returncode != 0
+
+
 def test_a_directory_that_is_not_a_run(tmp_path):
     result = run("export.py", "--run", tmp_path, "--out", tmp_path / "out")
     assert_one_line_error(result, "export.py", "config.json not found")

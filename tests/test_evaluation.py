@@ -86,8 +86,18 @@ def test_translate_sentences_passes_decoding_settings(translator):
     got = evaluation.translate_sentences(translator, SENTENCES[:2], beam_size=1,
                                          extra_length=2)
     assert got == [t.decode() for t in greedy]
-    with pytest.raises(ValueError, match=r"beam_size must be one of \[1, 4\]"):
-        evaluation.translate_sentences(translator, SENTENCES[:1], beam_size=3)
+    # The in-graph checks' messages without TensorFlow's brackets and details:
+    # "[extra_length must be >= 0; received.  ] [Condition x >= 0 did not hold
+    # element-wise:] [x (extra_length:0) = ] [-1]" was what a user read.
+    for knobs, message in (
+            (dict(beam_size=3), "beam_size must be one of [1, 4] (the sizes traced at export); "
+                                "received 3"),
+            (dict(extra_length=-1), "extra_length must be >= 0; received -1"),
+            (dict(no_repeat_ngram_size=-2), "no_repeat_ngram_size must be >= 0 (0 blocks "
+                                            "nothing); received -2")):
+        with pytest.raises(ValueError) as error:
+            evaluation.translate_sentences(translator, SENTENCES[:1], **knobs)
+        assert str(error.value) == f"the translator rejected the request: {message}"
 
 
 def test_translate_sentences_keeps_within_the_request_limits(translator, tokenizer):

@@ -318,13 +318,36 @@ def add_translator_flags(parser, unit):
 
 def check_translator_flags(parser, args):
     """Refuses, before TensorFlow starts, what `add_translator_flags` added and
-    would fail later: a directory that is not one, a batch size below 1."""
+    would fail later: a directory that is not one, a batch size below 1, a
+    request setting the translator would refuse (a beam size below 1, or one
+    the export did not trace; a length penalty that is not finite, a negative
+    extra length or n-gram size), which it refused only after loading."""
+    from keras_transformer.decoding_config import REQUEST_SETTINGS
+    from keras_transformer.decoding_config import DecodingConfig
+
     for flag, path in (("--export", args.export), ("--run", args.run)):
         if path is not None and not os.path.isdir(path):
             parser.error(f"{flag} {path} is not a directory")
     check_not_swapped(parser, export=args.export, run=args.run)
     if args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1. Received: {args.batch_size}")
+    if args.beam_size is not None and args.beam_size < 1:
+        parser.error(f"--beam-size must be >= 1. Received: {args.beam_size}")
+    given = {name: getattr(args, name) for name in REQUEST_SETTINGS
+             if getattr(args, name) is not None}
+    try:
+        DecodingConfig(**given, beam_sizes=(given.get("beam_size", DecodingConfig.beam_size),))
+    except ValueError as error:
+        parser.error(_as_flags(error, REQUEST_SETTINGS))
+    if args.export is not None and args.beam_size is not None:
+        try:
+            traced = export_files.translator_settings(args.export).get("beam_sizes")
+        except (OSError, ValueError):  # loading the export reports what is wrong with it
+            traced = None
+        if traced and args.beam_size not in traced:
+            parser.error(f"--beam-size {args.beam_size}: the export traced the beam sizes "
+                         f"{', '.join(map(str, traced))} (export's --beam-sizes chooses "
+                         "them); pass one of those")
 
 
 def add_decoding_flags(parser, names, defaults=None, reads="an export or a run"):
@@ -357,11 +380,15 @@ def decoding_config(args, names):
     try:
         return DecodingConfig(**{name: getattr(args, name) for name in names})
     except ValueError as error:
-        message = str(error).removeprefix("DecodingConfig: ")
-        # Field names as the flags that set them: --xla-max-batch-size.
-        message = re.sub(r"\b(" + "|".join(names) + r")\b",
-                         lambda match: "--" + match.group(1).replace("_", "-"), message)
-        raise ValueError(message) from None
+        raise ValueError(_as_flags(error, names)) from None
+
+
+def _as_flags(error, names):
+    """A `DecodingConfig` error's message with the fields `names` written as the
+    flags that set them: --xla-max-batch-size."""
+    message = str(error).removeprefix("DecodingConfig: ")
+    return re.sub(r"\b(" + "|".join(names) + r")\b",
+                  lambda match: "--" + match.group(1).replace("_", "-"), message)
 
 
 def _add_field_flag(parser, field, default, help):
