@@ -8,6 +8,9 @@ presets `base`, `big` and the Table 3 rows are reachable by name through
 import dataclasses
 import json
 
+from keras_transformer.token_ids import BYTE_TOKENS
+from keras_transformer.token_ids import smallest_vocab_size
+
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned")
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -391,6 +394,13 @@ class TrainingConfig:
         for name in ("unpunctuated_share", "clause_share"):
             value = getattr(self, name)
             _require(name, value, 0 <= value <= 1, "must be between 0 and 1", "TrainingConfig")
+        _require("vocab_size", self.vocab_size, self.vocab_size >= smallest_vocab_size(),
+                 f"must be >= {smallest_vocab_size()} (4 reserved ids and "
+                 f"{BYTE_TOKENS} byte tokens plus pieces)", "TrainingConfig")
+        _require("tokens_per_batch", self.tokens_per_batch,
+                 self.tokens_per_batch >= self.max_sentence_tokens,
+                 f"must be >= max_sentence_tokens ({self.max_sentence_tokens}), or a pair of "
+                 "the longest length would not fit a batch", "TrainingConfig")
         _require("learning_rate_scale", self.learning_rate_scale,
                  self.learning_rate_scale > 0, "must be > 0", "TrainingConfig")
         models = (AUTO_MODEL, *_PRESETS)

@@ -94,24 +94,35 @@ def assert_mean_of(averaged_path, checkpoint_paths, last):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--strategy", "gpu8"], "strategy must be auto, one_device"),
-        (["--model", "huge"], "model must be one of auto, tiny, base"),
+        (["--strategy", "gpu8"], "train: --strategy must be auto, one_device"),
+        (["--model", "huge"], "train: --model must be one of auto, tiny, base"),
         (["--data", "nowhere/{split}.en,nowhere/{split}.es"],
          "nowhere/train.en does not exist or is not a file: the train file of --data"),
         (["--data", "nowhere/{split}.tsv"], "nowhere/train.tsv does not exist"),
         (["--data", "corpus.en,corpus.es"],
          "corpus.en does not exist or is not a file: a file of --data 'corpus.en,corpus.es'"),
-        (["--d-model", "256", "--num-heads", "3"], "d_model=256, num_heads=3"),
-        (["--num-layers", "0"], "num_layers must be >= 1. Received: num_layers=0"),
-        (["--dropout-rate", "1.5"], "dropout_rate=1.5"),
-        (["--positional-encoding", "rotary"], "positional_encoding='rotary'"),
-        (["--time-budget", "-1"], "time_budget must be >= 0"),
-        (["--time-budget-clock", "sundial"], "time_budget_clock must be wall or cpu"),
+        (["--d-model", "256", "--num-heads", "3"],
+         "train: --d-model must be divisible by --num-heads when --key-dim is not given. "
+         "Received: --d-model=256, --num-heads=3"),
+        (["--num-layers", "0"], "train: --num-layers must be >= 1. Received: --num-layers=0"),
+        (["--dropout-rate", "1.5"], "--dropout-rate=1.5"),
+        (["--positional-encoding", "rotary"], "--positional-encoding='rotary'"),
+        (["--time-budget", "-1"], "train: --time-budget must be >= 0"),
+        (["--steps", "-5"], "train: --steps must be >= 1. Received: --steps=-5"),
+        # Refused as train starts, where they came after the vocabulary was learned.
+        (["--tokens-per-batch", "100"],
+         "train: --tokens-per-batch must be >= --max-sentence-tokens (128), or a pair of the "
+         "longest length would not fit a batch. Received: --tokens-per-batch=100"),
+        (["--vocab-size", "100"], "train: --vocab-size must be >= 261 (4 reserved ids and 256 "
+                                  "byte tokens plus pieces). Received: --vocab-size=100"),
+        (["--time-budget-clock", "sundial"], "--time-budget-clock must be wall or cpu"),
         (["--model-config", "nowhere.json"], "--model-config nowhere.json"),
         (["--model", "tiny", "--model-config", "nowhere.json"], "give one"),
         (["--time-budget", "5", "--strategy", "multi_worker"], "give --steps instead"),
-        (["--time-budget", "5", "--accumulate-steps", "2"], "must be 0 with accumulate_steps"),
-        (["--accumulate-steps", "0"], "accumulate_steps must be >= 1"),
+        (["--time-budget", "5", "--accumulate-steps", "2"],
+         "--time-budget must be 0 with --accumulate-steps > 1 (the budget plans single-batch "
+         "steps): give --steps instead"),
+        (["--accumulate-steps", "0"], "--accumulate-steps must be >= 1"),
         (["--init-from", "nowhere"], "--init-from nowhere: not a run directory"),
     ],
 )

@@ -338,7 +338,7 @@ def check_translator_flags(parser, args):
     try:
         DecodingConfig(**given, beam_sizes=(given.get("beam_size", DecodingConfig.beam_size),))
     except ValueError as error:
-        parser.error(_as_flags(error, REQUEST_SETTINGS))
+        parser.error(as_flags(error, REQUEST_SETTINGS))
     if args.export is not None and args.beam_size is not None:
         try:
             traced = export_files.translator_settings(args.export).get("beam_sizes")
@@ -380,15 +380,23 @@ def decoding_config(args, names):
     try:
         return DecodingConfig(**{name: getattr(args, name) for name in names})
     except ValueError as error:
-        raise ValueError(_as_flags(error, names)) from None
+        raise ValueError(as_flags(error, names)) from None
 
 
-def _as_flags(error, names):
-    """A `DecodingConfig` error's message with the fields `names` written as the
-    flags that set them: --xla-max-batch-size."""
-    message = str(error).removeprefix("DecodingConfig: ")
-    return re.sub(r"\b(" + "|".join(names) + r")\b",
-                  lambda match: "--" + match.group(1).replace("_", "-"), message)
+def as_flags(error, names, owners=("DecodingConfig",)):
+    """The message of a config's check (`error`, from one of the classes
+    `owners`) as a command line says it: without the class, the fields `names`
+    written as the flags that set them (--xla-max-batch-size)."""
+    message = str(error)
+    for owner in owners:
+        message = message.removeprefix(f"{owner}: ")
+    # A name with an underscore wherever it stands; a plain word ("steps",
+    # "model") where it names the field: first, and after "Received:".
+    words = [name for name in names if "_" not in name]
+    pattern = r"(?<![-\w])(" + "|".join(name for name in names if "_" in name) + r")\b"
+    if words:
+        pattern += r"|^(" + "|".join(words) + r")\b|(?<=Received: )(" + "|".join(words) + r")\b"
+    return re.sub(pattern, lambda match: "--" + match.group(0).replace("_", "-"), message)
 
 
 def _add_field_flag(parser, field, default, help):

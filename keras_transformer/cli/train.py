@@ -25,6 +25,7 @@ import time
 from keras_transformer.cli.common import FROZEN_WEIGHTS
 from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import add_config_flags
+from keras_transformer.cli.common import as_flags
 from keras_transformer.cli.common import check_corpus_files
 from keras_transformer.cli.common import corpus_source
 from keras_transformer.cli.common import corpus_splits
@@ -245,8 +246,11 @@ def configure(args, fields, model_overrides, explicit):
     from keras_transformer import run_configs
     from keras_transformer import training
 
-    config, model_config, saved = run_configs.resolve_configs(
-        args.out, fields, explicit, model_overrides, args.model_config)
+    try:
+        config, model_config, saved = run_configs.resolve_configs(
+            args.out, fields, explicit, model_overrides, args.model_config)
+    except ValueError as error:
+        raise ValueError(config_error(error, args.model_config is None)) from None
     check_corpus_files(config.data, used_splits(config))
     # The strategy first: a multi-worker one configures collectives, which must
     # happen before TensorFlow runs anything.
@@ -269,6 +273,24 @@ def configure(args, fields, model_overrides, explicit):
             keep_dropout="dropout_rate" in model_overrides or args.model_config is not None)
         print(recipe_line, flush=True)
     return config, model_config, saved, strategy
+
+
+def config_error(error, model_flags):
+    """A `TrainingConfig` check's message (or a `TransformerConfig` one's, where
+    the model's fields are the flags', `model_flags`: not a --model-config file's)
+    in the flags' words: "--steps must be >= 1. Received: --steps=-5"."""
+    from keras_transformer.config import TrainingConfig
+    from keras_transformer.config import TransformerConfig
+
+    message = str(error)
+    if message.startswith("TrainingConfig: "):
+        return as_flags(error, [field.name for field in dataclasses.fields(TrainingConfig)],
+                        ("TrainingConfig",))
+    if message.startswith("TransformerConfig: ") and model_flags:
+        return as_flags(error, [field.name for field in dataclasses.fields(TransformerConfig)
+                                if field.name not in _DERIVED_MODEL_FIELDS],
+                        ("TransformerConfig",))
+    return message
 
 
 def print_paper_settings(config, fields, d_model):

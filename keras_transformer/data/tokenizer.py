@@ -25,6 +25,7 @@ from keras_transformer.token_ids import BOS_ID
 from keras_transformer.token_ids import EOS_ID
 from keras_transformer.token_ids import PAD_ID
 from keras_transformer.token_ids import UNK_ID
+from keras_transformer.token_ids import smallest_vocab_size
 
 MODEL_FILENAME = "subword.model"
 VOCAB_FILENAME = "subword.vocab"
@@ -174,7 +175,7 @@ class SubwordTokenizer(tf.Module):
             raise ValueError(
                 f"model_type must be 'bpe' or 'unigram'. Received: model_type={model_type!r}"
             )
-        minimum = 4 + (256 if byte_fallback else 0) + 1
+        minimum = smallest_vocab_size(byte_fallback)
         if vocab_size < minimum:
             raise ValueError(
                 f"vocab_size must be at least {minimum} (4 reserved ids"
