@@ -882,6 +882,33 @@ def test_a_checkpoint_cut_short_is_one_line_from_each_decoding_command(
             f"of {run.directory}\n") in err, err
 
 
+def test_a_file_not_in_utf8_is_translated_with_a_line_that_says_so(
+        run_dir, run_translators, tmp_path, monkeypatch, capsys):
+    """A file in Windows-1252 ("se\\xf1or") was translated without a word, its
+    accented letters lost as U+FFFD. Each line is still translated (the output
+    keeps the input's lines), as its text with U+FFFD; stderr says which lines
+    and what to do."""
+    from keras_transformer import evaluation
+    from keras_transformer.cli import translate
+
+    source = tmp_path / "latin.txt"
+    source.write_bytes(b"Jesus wept.\n" + "El se\u00f1or dijo.\nY \u00e9l.\n".encode("cp1252"))
+    _load_runs_as(monkeypatch, lambda *args, **options: run_translators["averaged"])
+    for name in ("TF_ENABLE_ONEDNN_OPTS", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"):
+        monkeypatch.setenv(name, os.environ.get(name, "1"))
+    capsys.readouterr()
+    assert translate.main([str(source), "--run", str(run_dir), "--no-progress",
+                           "--verbose"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == evaluation.translate_sentences(
+        run_translators["averaged"], ["Jesus wept.", "El se\ufffdor dijo.", "Y \ufffdl."])
+    lines = [line for line in err.splitlines() if line.startswith("keras-transformer")]
+    assert lines == [f"keras-transformer translate: {source}: 2 of its 3 lines are not UTF-8 "
+                     "(the first: line 2); their bad bytes were read as U+FFFD and translated "
+                     "so. If it is in another encoding, convert it first, e.g. iconv -f "
+                     "WINDOWS-1252 -t UTF-8"], err
+
+
 def test_the_command_lines_keep_urllib3s_retries_off_stderr():
     """TFDS downloads a corpus on its first use; offline, urllib3 logged a line
     for each of its retries ("Retrying (Retry(total=9, ...)) after connection

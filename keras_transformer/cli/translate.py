@@ -8,7 +8,8 @@ Every input line gives one output line, empty lines included, so the output
 aligns with the input. A progress bar appears on stderr for inputs of 200 lines
 or more where stderr is a terminal (--progress / --no-progress to choose). Decoding is the paper's (beam 4,
 alpha 0.6, input length + 50) unless the flags say otherwise; inputs longer than
-the model's maximum length are truncated.
+the model's maximum length are truncated. A line that is not UTF-8 is translated
+with its bad bytes read as U+FFFD, and stderr says which lines were.
 
 Read from a terminal or a pipe and written to stdout, each line is translated as
 soon as no more lines are waiting: a person typing sentences, or a program that
@@ -57,9 +58,29 @@ def parse_args(argv, prog=PROG):
 
 
 def read_lines(path):
+    """The lines of `path` (- for stdin), and the numbers of those that are not
+    UTF-8 (their bad bytes read as U+FFFD, so that each still has its line)."""
     stream = sys.stdin.buffer if path == "-" else open(path, "rb")
+    lines, not_utf8 = [], []
     with stream:
-        return [_decoded(line) for line in stream]
+        for number, line in enumerate(stream, 1):
+            try:
+                lines.append(line.decode("utf-8").rstrip("\r\n"))
+            except UnicodeDecodeError:
+                not_utf8.append(number)
+                lines.append(_decoded(line))
+    return lines, not_utf8
+
+
+def not_utf8_warning(path, not_utf8, total):
+    """What a user reads where `not_utf8` (line numbers) of the `total` lines of
+    `path` are not UTF-8: a file in another encoding (Windows-1252, say)
+    translated with its accented letters lost, unless it is converted."""
+    name = "stdin" if path == "-" else path
+    first = f"line {not_utf8[0]}" if len(not_utf8) == 1 else f"the first: line {not_utf8[0]}"
+    return (f"{name}: {len(not_utf8)} of its {total} lines are not UTF-8 ({first}); their "
+            "bad bytes were read as U+FFFD and translated so. If it is in another encoding, "
+            "convert it first, e.g. iconv -f WINDOWS-1252 -t UTF-8")
 
 
 def _decoded(line):
@@ -105,7 +126,10 @@ def main(argv=None, prog=PROG):
     settings = {name: getattr(args, name) for name in REQUEST_SETTINGS}
     streaming = streams(args)
     try:
-        lines = None if streaming else read_lines(args.input)
+        lines, not_utf8 = (None, []) if streaming else read_lines(args.input)
+        if not_utf8:
+            print(f"{prog}: {not_utf8_warning(args.input, not_utf8, len(lines))}",
+                  file=sys.stderr, flush=True)
         translator = load_command_translator(args, prog)
         if streaming:
             if sys.stdin.isatty():
