@@ -153,7 +153,7 @@ def test_export_translate_evaluate(run_dir, tmp_path):
     assert answers == [line + "\n" for line in lines]
 
     result = run("translate.py", "--export", out, source, "--beam-size", "3")
-    assert_one_line_error(result, "translate.py", "beam_size must be one of [4]")
+    assert_one_line_error(result, "translate.py", "--beam-size 3", "traced the beam sizes 4")
 
     # The same version again is refused as a flag's mistake, the export there kept.
     saved = (out / "1" / "saved_model.pb").read_bytes()
