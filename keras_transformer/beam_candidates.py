@@ -1,8 +1,9 @@
 """The beam's candidates each step: the best one-token extensions of the live
 hypotheses, chosen without sorting the whole `(B, K * V)` table (see
 `best_extensions`), and the tokens that would repeat an n-gram
-(`repeated_ngrams`) or a run of words right after itself
-(`adjacent_repeats`), masked in one scatter (`blocked_mask`). `decoding`'s
+(`repeated_ngrams`), a run of words right after itself
+(`adjacent_repeats`) or a piece inside a word a third time
+(`stuttered_pieces`), masked in one scatter (`blocked_mask`). `decoding`'s
 searches call them; pure TensorFlow.
 """
 
@@ -59,8 +60,8 @@ def repeated_ngrams(ids, step, size):
 def blocked_mask(vocab_size, *blocked):
     """The mask `(N, V)` float32 to add to log probabilities of the tokens that
     `blocked` pairs `(tokens (N, n), blocked (N, n))` block
-    (`repeated_ngrams`, `adjacent_repeats`): -inf for those, 0 for the others,
-    in one scatter."""
+    (`repeated_ngrams`, `adjacent_repeats`, `stuttered_pieces`): -inf for
+    those, 0 for the others, in one scatter."""
     rows = tf.shape(blocked[0][0])[0]
     indices, updates = [], []
     for tokens, blocks in blocked:
@@ -122,6 +123,38 @@ def adjacent_repeats(ids, step, word_starts, longest=ADJACENT_REPEAT_PIECES):
     return tokens, blocked
 
 
+# A piece inside a word is not taken a third time in a row: "Jerusalenenen".
+STUTTER_COPIES = 3
+
+
+def stuttered_pieces(ids, step, stutters, copies=STUTTER_COPIES):
+    """The next tokens that would make a piece inside a word come `copies`
+    times in a row: `(tokens (N, 1), blocked (N, 1))` for `blocked_mask`.
+
+    A briefly trained model stutters inside a word too: "Jeru-sa-len-en-en",
+    "her-es-es-es", which `adjacent_repeats` leaves alone (a run that does not
+    start a word may be a name's). The next token (column `step + 1`) is
+    blocked when it is the last token, the `copies - 2` tokens before that
+    are it too, all of them generated (columns >= 1), and it is one of
+    `stutters`: the pieces of letters only, no "▁" (names repeat a piece
+    twice, "Ra-me-ses-es", rarely three times).
+
+    Args:
+        ids: int32 `(N, T + 1)`, the hypotheses' id buffers (start token,
+            `step` generated tokens, padding).
+        step: int32 scalar, the last written column.
+        stutters: bool `(V,)`, which tokens may not come `copies` times in a row.
+        copies: int >= 2, how many in a row are blocked.
+    """
+    width = tf.shape(ids)[1]
+    back = tf.gather(ids, tf.clip_by_value(step - tf.range(copies - 1), 0, width - 1),
+                     axis=1)  # (N, copies - 1): ids[step], ids[step - 1], ...
+    last = back[:, :1]  # (N, 1)
+    same = tf.reduce_all(tf.equal(back, last), axis=1, keepdims=True)  # (N, 1)
+    written = step - copies + 2 >= 1  # the copies so far are generated tokens
+    return last, tf.logical_and(tf.logical_and(same, written), tf.gather(stutters, last))
+
+
 def if_blocking(size, blocking, plain):
     """`blocking()` when n-grams of `size` are blocked (size > 0), else
     `plain()`: in Python for an int, with `tf.cond` for a tensor (a request's
@@ -131,13 +164,17 @@ def if_blocking(size, blocking, plain):
     return tf.cond(size > 0, blocking, plain)
 
 
-def with_repeats_blocked(use_mask, ids, step, vocab_size, size, word_starts):
+def with_repeats_blocked(use_mask, ids, step, vocab_size, size, word_starts, stutters=None):
     """`use_mask(mask)` with the mask `(N, V)` of the tokens that would repeat
-    an n-gram of `size` (when > 0) or a run of words right after itself (when
-    `word_starts` is given), in one scatter; `use_mask(None)` when neither
+    an n-gram of `size` (when > 0), a run of words right after itself (when
+    `word_starts` is given) or a piece inside a word a third time in a row
+    (when `stutters` is given), in one scatter; `use_mask(None)` when none
     blocks. `size` may be a request's tensor (`if_blocking`)."""
-    # The tokens that would repeat a run of words right after itself, if blocked.
+    # The tokens that would repeat a run of words right after itself, or
+    # stutter, if blocked.
     adjacent = [] if word_starts is None else [adjacent_repeats(ids, step, word_starts)]
+    if stutters is not None:
+        adjacent.append(stuttered_pieces(ids, step, stutters))
 
     def blocking():  # and those that would repeat an n-gram
         return use_mask(blocked_mask(vocab_size, repeated_ngrams(ids, step, size), *adjacent))

@@ -44,8 +44,8 @@ def length_penalty(length, alpha):
 
 class BeamSettings(collections.namedtuple("BeamSettings", [
         "vocab_size", "beam_size", "num_candidates", "block_size", "max_output_length",
-        "columns", "eos_id", "alpha", "no_repeat_ngram_size", "word_starts", "ignore_eos",
-        "allow_empty", "reorder_cache"])):
+        "columns", "eos_id", "alpha", "no_repeat_ngram_size", "word_starts", "stutters",
+        "ignore_eos", "allow_empty", "reorder_cache"])):
     """What every step of a beam search uses: V, K, C, the block size of
     `beam_candidates.best_extensions`, T, the columns `(T + 1,)` of the id
     buffers, and `beam_search`'s other arguments."""
@@ -154,7 +154,8 @@ def extend(search, symbols_to_logits_fn, state):
             logits, state.alive_log_probs, search.num_candidates, search.block_size, mask)
 
     candidate_log_probs, flat_indices = beam_candidates.with_repeats_blocked(
-        candidates, flat_ids, state.step, vocab_size, size, search.word_starts)  # (B, C), (B, C)
+        candidates, flat_ids, state.step, vocab_size, size, search.word_starts,
+        search.stutters)  # (B, C), (B, C)
     parents = flat_indices // vocab_size  # (B, C) beam each extends
     tokens = flat_indices % vocab_size  # (B, C)
     length = state.step + 1  # of every candidate

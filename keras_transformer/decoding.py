@@ -83,6 +83,7 @@ def greedy_search(
     padding_id=0,
     no_repeat_ngram_size=0,
     block_adjacent_repeats=None,
+    block_stutters=None,
     ignore_eos=False,
     allow_empty=False,
 ):
@@ -107,6 +108,8 @@ def greedy_search(
         block_adjacent_repeats: None, or bool `(V,)`, which tokens start a
             word: then no token is taken that repeats, right after itself, a
             run of tokens that starts a word (`beam_search`).
+        block_stutters: None, or bool `(V,)`, pieces that may not come three
+            times in a row (`beam_search`).
         ignore_eos: if True, the end-of-sequence token does not end a sequence
             (it is decoded like any other token) and the loop runs exactly
             `max_output_length` steps: for benchmarks with random weights.
@@ -128,8 +131,8 @@ def greedy_search(
         max_output_lengths, batch_size, max_output_length)
     initial_cache = {} if initial_cache is None else initial_cache
     columns = tf.range(max_output_length + 1)  # (T + 1,)
-    word_starts = (None if block_adjacent_repeats is None
-                   else tf.convert_to_tensor(block_adjacent_repeats, tf.bool))
+    word_starts = _optional_bools(block_adjacent_repeats)
+    stutters = _optional_bools(block_stutters)
 
     state = _GreedyState(
         step=tf.constant(0),
@@ -152,7 +155,8 @@ def greedy_search(
         log_probs = _log_probs(logits, vocab_size=None)  # (B, V)
         log_probs = beam_candidates.with_repeats_blocked(
             lambda mask: log_probs if mask is None else log_probs + mask,
-            state.ids, state.step, log_probs.shape[-1], no_repeat_ngram_size, word_starts)
+            state.ids, state.step, log_probs.shape[-1], no_repeat_ngram_size, word_starts,
+            stutters)
         if not (allow_empty or ignore_eos):
             is_eos = tf.range(tf.shape(log_probs)[-1]) == eos_id  # (V,)
             log_probs = tf.where(tf.logical_and(state.step == 0, is_eos), float("-inf"),
@@ -195,6 +199,7 @@ def beam_search(
     padding_id=0,
     no_repeat_ngram_size=0,
     block_adjacent_repeats=None,
+    block_stutters=None,
     ignore_eos=False,
     allow_empty=False,
     reorder_cache=None,
@@ -248,6 +253,9 @@ def beam_search(
             token that repeats, right after itself, a run of 1 to 8 of its
             tokens that starts a word ("panes panes", "fuera de fuera de";
             `beam_candidates.adjacent_repeats`).
+        block_stutters: None (the paper), or bool `(V,)`, the pieces inside a
+            word that no hypothesis takes a third time in a row
+            ("Jerusalenenen"; `beam_candidates.stuttered_pieces`).
         ignore_eos: if True, the end-of-sequence token does not finish a
             hypothesis and the loop runs exactly `max_output_length` steps (no early
             stop): for benchmarks with random weights.
@@ -292,8 +300,8 @@ def beam_search(
         block_size=beam_candidates.block_size(vocab_size, num_candidates),
         max_output_length=max_output_length, columns=tf.range(max_output_length + 1),
         eos_id=eos_id, alpha=alpha, no_repeat_ngram_size=no_repeat_ngram_size,
-        word_starts=(None if block_adjacent_repeats is None
-                     else tf.convert_to_tensor(block_adjacent_repeats, tf.bool)),
+        word_starts=_optional_bools(block_adjacent_repeats),
+        stutters=_optional_bools(block_stutters),
         ignore_eos=ignore_eos, allow_empty=allow_empty, reorder_cache=reorder_cache)
     state = beam_steps.initial_state(search, initial_ids, initial_cache, max_output_lengths,
                                      padding_id)
@@ -332,6 +340,11 @@ class _GreedyState(
     """
 
     __slots__ = ()
+
+
+def _optional_bools(values):
+    """None, or `values` as a bool tensor (a blocking argument's mask)."""
+    return None if values is None else tf.convert_to_tensor(values, tf.bool)
 
 
 def _log_probs(logits, vocab_size):

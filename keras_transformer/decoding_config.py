@@ -94,8 +94,9 @@ class DecodingConfig:
         block_adjacent_repeats: no translation repeats a run of 1 to 8 subword
             pieces that starts a word right after itself ("panes panes",
             "fuera de fuera de": a briefly trained model's stammer, in none of
-            the bundled corpus's references); a name's repeated piece inside a
-            word is left alone. Needs the tokenizer (not --ids-only). False,
+            the bundled corpus's references), nor a piece of letters inside a
+            word a third time in a row ("Jerusalenenen"; a name may repeat one
+            twice). Needs the tokenizer (not --ids-only). False,
             the paper's search, blocks nothing.
         recase_capitals: a sentence in small letters only ("and god said"),
             in capitals only ("AND GOD SAID", its translation given back in

@@ -150,12 +150,16 @@ class Translator(tf.Module):
         self.output_bias = (tf.Variable(tf.zeros([model.config.vocab_size], dtype),
                                         trainable=False)
                             if dtype in ("bfloat16", "float16") else None)
-        # Which pieces start a word, for blocking a run of words repeated right after itself.
-        word_starts = (tf.strings.regex_full_match(
-            tokenizer.id_to_token(tf.range(model.config.vocab_size)), "\u2581.*")
-            if config.block_adjacent_repeats else None)
+        # Which pieces start a word, for blocking a run of words repeated right
+        # after itself, and which are letters inside a word, for blocking a stutter.
+        word_starts = stutters = None
+        if config.block_adjacent_repeats:
+            pieces = tokenizer.id_to_token(tf.range(model.config.vocab_size))
+            word_starts = tf.strings.regex_full_match(pieces, "\u2581.*")
+            stutters = tf.strings.regex_full_match(pieces, r"\pL+")
         self.search = serving_search.BeamSearches(model, config, self.output_kernel,
-                                                  self.output_bias, self.shapes, word_starts)
+                                                  self.output_bias, self.shapes, word_starts,
+                                                  stutters)
 
         # No autograph: the loops are explicit tf.while_loops, and converting
         # the model's Python code costs most of the tracing time.

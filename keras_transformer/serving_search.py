@@ -34,13 +34,17 @@ class BeamSearches:
         word_starts: None, or bool `(V,)`, which pieces start a word, to block
             runs of words repeated right after themselves
             (`DecodingConfig.block_adjacent_repeats`).
+        stutters: None, or bool `(V,)`, which pieces inside a word may not
+            come three times in a row (with `word_starts`).
     """
 
-    def __init__(self, model, config, output_kernel, output_bias, shapes, word_starts=None):
+    def __init__(self, model, config, output_kernel, output_bias, shapes, word_starts=None,
+                 stutters=None):
         self.model = model
         self.config = config
         self.shapes = shapes
         self.word_starts = word_starts
+        self.stutters = stutters
         modes = {False, True} if shapes.xla_small_requests_only else {shapes.xla}
         # [graph, XLA] searches, one per beam size.
         self.traced = [[self._traced(k, xla, output_kernel, output_bias)
@@ -129,6 +133,7 @@ class BeamSearches:
                     padding_id=PAD_ID,
                     no_repeat_ngram_size=size,
                     block_adjacent_repeats=self.word_starts,
+                    block_stutters=self.stutters,
                     ignore_eos=config.ignore_eos,
                     reorder_cache=model.reorder_cache,
                     # Finished sources leave the batch; XLA's shapes cannot change.

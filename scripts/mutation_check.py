@@ -321,6 +321,11 @@ MUTANTS = [
            "blocked = tf.logical_and(tf.logical_and(same, starts), written)  # (N, L)",
            "blocked = tf.logical_and(same, written)  # (N, L)",
            ["tests/test_decoding.py::TestAdjacentRepeatMask"]),
+    # A stutter inside a word ("Jerusalenenen"): the translator does not block it.
+    mutant("stutters-not-blocked", "keras_transformer/serving.py",
+           'stutters = tf.strings.regex_full_match(pieces, r"\\pL+")', "stutters = None",
+           ["tests/test_serving.py::"
+            "test_a_translator_may_block_runs_of_words_repeated_back_to_back"]),
     # The run's choice: blocking won, but the export is not told to block adjacent runs.
     mutant("run-choice-drops-adjacent-repeats", "keras_transformer/evaluation.py",
            'settings["block_adjacent_repeats"] = True', "pass",

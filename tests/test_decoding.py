@@ -292,7 +292,8 @@ class _PrefixModel:
         return {"source": tf.constant(self.source)}
 
     def exhaustive_search(self, example, start_id, max_output_length, alpha, ignore_eos=False,
-                          no_repeat_ngram_size=0, allow_empty=False, word_starts=None):
+                          no_repeat_ngram_size=0, allow_empty=False, word_starts=None,
+                          stutters=None):
         """Every complete hypothesis with its score, best first (the slow twin).
 
         A hypothesis is complete when it ends in eos (unless ignore_eos) or has
@@ -300,8 +301,9 @@ class _PrefixModel:
         With `no_repeat_ngram_size` n, a hypothesis whose generated tokens hold
         an n-gram twice is not one (the others keep their probabilities);
         unless `allow_empty`, neither is [eos]; with `word_starts`, neither is
-        one that repeats a run starting a word right after itself. Float64
-        throughout.
+        one that repeats a run starting a word right after itself; with
+        `stutters`, neither is one that ends in three of a stutter token.
+        Float64 throughout.
         """
         complete = []
 
@@ -317,6 +319,8 @@ class _PrefixModel:
                 if _repeats_an_ngram(output, no_repeat_ngram_size):
                     continue
                 if word_starts is not None and _repeats_adjacently(output, word_starts):
+                    continue
+                if stutters is not None and _stutters(output, stutters):
                     continue
                 if output == [_R_EOS] and not (allow_empty or ignore_eos):
                     continue
@@ -342,6 +346,12 @@ def _repeats_adjacently(tokens, word_starts, longest=8):
     itself, whose first token starts a word (`word_starts[token]`)."""
     return any(tokens[-m:] == tokens[-2 * m:-m] and word_starts[tokens[-2 * m]]
                for m in range(1, min(longest, len(tokens) // 2) + 1))
+
+
+def _stutters(tokens, stutters, copies=3):
+    """Whether `tokens` end in `copies` of one token that `stutters` names."""
+    return (len(tokens) >= copies and len(set(tokens[-copies:])) == 1
+            and bool(stutters[tokens[-1]]))
 
 
 def _select_tiled(beam_size):
@@ -403,24 +413,31 @@ class TestExhaustive:
             b, start, limit, alpha, allow_empty=True)[:beam_size]]
             for b, (start, limit) in enumerate(zip(starts, limits)))
 
-    @pytest.mark.parametrize("size", [0, 2])
-    def test_beam_blocking_adjacent_repeats_equals_exhaustive_search(self, size):
+    @pytest.mark.parametrize("size, stutter", [(0, False), (2, False), (0, True)])
+    def test_beam_blocking_adjacent_repeats_equals_exhaustive_search(self, size, stutter):
         """a starts a word, b does not: "a a" and "a b a b" are blocked, "b b"
-        and "b a b a" are not; with 2-grams blocked too, both apply."""
+        and "b a b a" are not; with 2-grams blocked too, both apply; with b a
+        stutter token, "b b b" is blocked too (its third b)."""
         model = _PrefixModel(seed=3, batch_size=3)
         word_starts = [False, False, True, False]  # pad, eos, a, b
+        stutters = [False, False, False, True] if stutter else None
         starts, limits, beam_size = [_R_A, _R_B, _R_A], [4, 4, 3], 12
         ids, scores = _numpy(decoding.beam_search(
             model.cached_fn(check_path=True), tf.constant(starts), model.cached_state(),
             vocab_size=_VOCAB, max_output_length=_MAX_LENGTH, eos_id=_R_EOS,
             beam_size=beam_size, alpha=0.6, max_output_lengths=tf.constant(limits),
-            no_repeat_ngram_size=size, block_adjacent_repeats=word_starts))
+            no_repeat_ngram_size=size, block_adjacent_repeats=word_starts,
+            block_stutters=stutters))
         blocked_any = False
         for b, (start, limit) in enumerate(zip(starts, limits)):
             expected = model.exhaustive_search(b, start, limit, 0.6, no_repeat_ngram_size=size,
-                                               word_starts=word_starts)[:beam_size]
-            unblocked = model.exhaustive_search(b, start, limit, 0.6,
-                                                no_repeat_ngram_size=size)[:beam_size]
+                                               word_starts=word_starts,
+                                               stutters=stutters)[:beam_size]
+            unblocked = model.exhaustive_search(b, start, limit, 0.6, no_repeat_ngram_size=size,
+                                                word_starts=word_starts)[:beam_size]
+            if not stutter:
+                unblocked = model.exhaustive_search(b, start, limit, 0.6,
+                                                    no_repeat_ngram_size=size)[:beam_size]
             blocked_any |= expected != unblocked
             found = len(expected)
             np.testing.assert_allclose(scores[b, :found], [s for s, _ in expected], rtol=1e-5)
@@ -585,6 +602,31 @@ class TestEquivalences:
                                for end in range(1, len(free) + 1))
         assert blocked_any  # the model, left alone, repeats
 
+    def test_beam_size_1_with_alpha_0_equals_greedy_when_blocking_stutters(self):
+        """b, inside a word, is never taken a third time in a row; a, a word's
+        start, blocks runs repeated back to back."""
+        model = _PrefixModel(seed=4, batch_size=6)
+        starts = tf.constant([_R_A, _R_B, _R_A, _R_B, _R_A, _R_B])
+        word_starts = np.array([False, False, True, False])
+        stutters = np.array([False, False, False, True])
+        kwargs = dict(max_output_length=_MAX_LENGTH, eos_id=_R_EOS,
+                      block_adjacent_repeats=word_starts)
+        greedy_ids, greedy_scores = _numpy(decoding.greedy_search(
+            model.cached_fn(), starts, model.cached_state(), block_stutters=stutters, **kwargs))
+        beam_ids, beam_scores = _numpy(decoding.beam_search(
+            model.cached_fn(), starts, model.cached_state(), vocab_size=_VOCAB, beam_size=1,
+            alpha=0.0, block_stutters=stutters, **kwargs))
+        np.testing.assert_array_equal(beam_ids[:, 0], greedy_ids)
+        np.testing.assert_allclose(beam_scores[:, 0], greedy_scores, rtol=1e-6)
+        unblocked_ids, _ = _numpy(decoding.greedy_search(
+            model.cached_fn(), starts, model.cached_state(), **kwargs))
+        tokens = [[token for token in row if token != PAD] for row in greedy_ids]
+        free = [[token for token in row if token != PAD] for row in unblocked_ids]
+        assert not any(_stutters(row[:end], stutters)
+                       for row in tokens for end in range(1, len(row) + 1))
+        assert any(_stutters(row[:end], stutters)  # the model, left alone, stutters
+                   for row in free for end in range(1, len(row) + 1))
+
 
 class TestRepeatedNgramMask:
     @pytest.mark.parametrize("size", [1, 2, 3, 4])
@@ -633,6 +675,33 @@ class TestAdjacentRepeatMask:
                                                   err_msg=f"{trial=} {step=} {row=}")
                 blocked += np.isinf(mask).sum()
         assert blocked > 100
+
+
+class TestStutterMask:
+    def test_equals_looking_back_over_each_hypothesis(self):
+        """Random buffers of few tokens and a random table of stutter tokens, at
+        every step: the tokens blocked are those that would come a third time
+        in a row, generated tokens only (not the start token)."""
+        rng = np.random.default_rng(1)
+        rows, columns, vocab = 9, 14, 5
+        blocked = 0
+        for trial in range(4):
+            stutters = rng.random(vocab) < 0.6
+            ids = rng.integers(0, 2 + trial % 2, size=(rows, columns)).astype("int32")
+            ids[:, 0] = int(np.flatnonzero(stutters)[0])  # a start token that would count
+            for step in range(columns):
+                buffer = ids.copy()
+                buffer[:, step + 1:] = 0  # padding after the last written column
+                mask = beam_candidates.blocked_mask(vocab, beam_candidates.stuttered_pieces(
+                    tf.constant(buffer), tf.constant(step), tf.constant(stutters))).numpy()
+                for row in range(rows):
+                    generated = list(buffer[row, 1:step + 1])
+                    expected = [-np.inf if _stutters(generated + [token], stutters) else 0.0
+                                for token in range(vocab)]
+                    np.testing.assert_array_equal(mask[row], expected,
+                                                  err_msg=f"{trial=} {step=} {row=}")
+                blocked += np.isinf(mask).sum()
+        assert blocked > 50
 
 
 class TestLeavingTheBatch:

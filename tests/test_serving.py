@@ -283,14 +283,17 @@ def _model_that_says(tokenizer, token):
     return model
 
 
-def test_a_translator_may_block_runs_of_words_repeated_back_to_back(tokenizer):
-    """A model that ranks one word first at every step (as the EOS test below)
+@pytest.mark.parametrize("piece", ["\u2581the", "he"], ids=["word", "inside-a-word"])
+def test_a_translator_may_block_runs_of_words_repeated_back_to_back(tokenizer, piece):
+    """A model that ranks one piece first at every step (as the EOS test below)
     says it over and over; `block_adjacent_repeats` leaves no run of pieces that
-    starts a word right after itself, and blocks nothing else: each token taken
-    is the best one not blocked."""
+    starts a word right after itself, no piece of letters inside a word three
+    times in a row, and blocks nothing else: each token taken is the best one
+    not blocked."""
     pieces = _strings(tokenizer.id_to_token(tf.range(tokenizer.vocab_size)))
     starts = np.char.startswith(pieces, "\u2581")
-    word = pieces.index("\u2581the")
+    letters = [text.isalpha() for text in pieces]
+    word = pieces.index(piece)
     model = _model_that_says(tokenizer, word)
     options = dict(extra_length=EXTRA_LENGTH, max_input_length=MAX_INPUT_LENGTH,
                    beam_sizes=(1,), beam_size=1)
@@ -298,7 +301,9 @@ def test_a_translator_may_block_runs_of_words_repeated_back_to_back(tokenizer):
 
     def stammers(tokens):
         return [(i, m) for m in range(1, 9) for i in range(len(tokens) - 2 * m + 1)
-                if tokens[i:i + m] == tokens[i + m:i + 2 * m] and starts[tokens[i]]]
+                if tokens[i:i + m] == tokens[i + m:i + 2 * m] and starts[tokens[i]]] + [
+            (i, 3) for i in range(len(tokens) - 2)
+            if tokens[i] == tokens[i + 1] == tokens[i + 2] and letters[tokens[i]]]
 
     plain = serving.Translator(model, tokenizer, **options).translate_ids(source)["ids"][0]
     assert set(plain.numpy()) == {word}  # "the the the ..."
