@@ -320,7 +320,7 @@ MUTANTS = [
     mutant("adjacent-repeats-ignore-word-starts", "keras_transformer/beam_candidates.py",
            "blocked = tf.logical_and(tf.logical_and(same, starts), written)  # (N, L)",
            "blocked = tf.logical_and(same, written)  # (N, L)",
-           ["tests/test_decoding.py::TestAdjacentRepeatMask"]),
+           ["tests/test_decoding.py::TestRunMasks"]),
     # A stutter inside a word ("Jerusalenenen"): the translator does not block it.
     mutant("stutters-not-blocked", "keras_transformer/serving.py",
            'stutters = tf.strings.regex_full_match(pieces, r"\\pL+")', "stutters = None",

@@ -650,58 +650,37 @@ class TestRepeatedNgramMask:
         assert np.isinf(mask).any() and (mask == 0).any()
 
 
-class TestAdjacentRepeatMask:
-    def test_equals_looking_back_over_each_hypothesis(self):
-        """Random buffers of few tokens (many runs repeated back to back) and a
-        random table of word starts, at every step: the tokens blocked are those
-        that end a run starting a word, repeated right after itself."""
-        rng = np.random.default_rng(0)
+class TestRunMasks:
+    @pytest.mark.parametrize("blocker, twin, seed, start", [
+        (beam_candidates.adjacent_repeats, _repeats_adjacently, 0, "other"),
+        (beam_candidates.stuttered_pieces, _stutters, 1, "blocked"),
+    ], ids=["adjacent-repeats", "stutters"])
+    def test_equals_looking_back_over_each_hypothesis(self, blocker, twin, seed, start):
+        """Random buffers of few tokens (many runs) and a random table of the
+        tokens a run may not repeat (word starts, stutter pieces), at every
+        step: the tokens blocked are those that the twin finds ending a run
+        over the generated tokens; the start token, even one that the table
+        names, is not one of them."""
+        rng = np.random.default_rng(seed)
         rows, columns, vocab = 9, 18, 5
         blocked = 0
         for trial in range(4):
-            word_starts = rng.random(vocab) < 0.6
+            table = rng.random(vocab) < 0.6
             ids = rng.integers(0, 2 + trial % 2, size=(rows, columns)).astype("int32")
-            ids[:, 0] = 4
+            ids[:, 0] = 4 if start == "other" else int(np.flatnonzero(table)[0])
             for step in range(columns):
                 buffer = ids.copy()
                 buffer[:, step + 1:] = 0  # padding after the last written column
-                mask = beam_candidates.blocked_mask(vocab, beam_candidates.adjacent_repeats(
-                    tf.constant(buffer), tf.constant(step), tf.constant(word_starts))).numpy()
+                mask = beam_candidates.blocked_mask(vocab, blocker(
+                    tf.constant(buffer), tf.constant(step), tf.constant(table))).numpy()
                 for row in range(rows):
                     generated = list(buffer[row, 1:step + 1])
-                    expected = [-np.inf if _repeats_adjacently(generated + [token], word_starts)
-                                else 0.0 for token in range(vocab)]
-                    np.testing.assert_array_equal(mask[row], expected,
-                                                  err_msg=f"{trial=} {step=} {row=}")
-                blocked += np.isinf(mask).sum()
-        assert blocked > 100
-
-
-class TestStutterMask:
-    def test_equals_looking_back_over_each_hypothesis(self):
-        """Random buffers of few tokens and a random table of stutter tokens, at
-        every step: the tokens blocked are those that would come a third time
-        in a row, generated tokens only (not the start token)."""
-        rng = np.random.default_rng(1)
-        rows, columns, vocab = 9, 14, 5
-        blocked = 0
-        for trial in range(4):
-            stutters = rng.random(vocab) < 0.6
-            ids = rng.integers(0, 2 + trial % 2, size=(rows, columns)).astype("int32")
-            ids[:, 0] = int(np.flatnonzero(stutters)[0])  # a start token that would count
-            for step in range(columns):
-                buffer = ids.copy()
-                buffer[:, step + 1:] = 0  # padding after the last written column
-                mask = beam_candidates.blocked_mask(vocab, beam_candidates.stuttered_pieces(
-                    tf.constant(buffer), tf.constant(step), tf.constant(stutters))).numpy()
-                for row in range(rows):
-                    generated = list(buffer[row, 1:step + 1])
-                    expected = [-np.inf if _stutters(generated + [token], stutters) else 0.0
+                    expected = [-np.inf if twin(generated + [token], table) else 0.0
                                 for token in range(vocab)]
                     np.testing.assert_array_equal(mask[row], expected,
                                                   err_msg=f"{trial=} {step=} {row=}")
                 blocked += np.isinf(mask).sum()
-        assert blocked > 50
+        assert blocked > 100
 
 
 class TestLeavingTheBatch:
