@@ -158,6 +158,11 @@ MUTANTS = [
     mutant("translate-stdin-read-to-its-end", "keras_transformer/cli/translate.py",
            "streaming = streams(args)", "streaming = False",
            ["tests/test_cli.py::test_translate_answers_a_pipe_or_a_terminal_line_by_line"]),
+    # stdin answered line by line: a line in Windows-1252 translated without a word.
+    mutant("streamed-not-utf8-unsaid", "keras_transformer/cli/translate.py",
+           "first_not_utf8(read + len(lines))", "pass",
+           ["tests/test_cli.py::test_stdin_chunks_answer_each_line_once_no_more_are_waiting",
+            "tests/test_cli.py::test_translate_answers_a_pipe_or_a_terminal_line_by_line"]),
     mutant("stdin-chunks-wait-for-more-lines", "keras_transformer/cli/translate.py",
            "if lines and (len(lines) >= most or not select.select([fd], [], [], 0)[0]):",
            "if lines and len(lines) >= most:",

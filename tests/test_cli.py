@@ -458,13 +458,14 @@ def test_stdin_chunks_answer_each_line_once_no_more_are_waiting():
     """Lines are handed on as soon as nothing more is waiting in the pipe (what
     a program that waits for each answer, or a person typing, needs), at most
     `most` at a time, a line written in two parts as one, the last line without
-    a newline too."""
+    a newline too; the first line that is not UTF-8 is reported as it comes."""
     from keras_transformer.cli import translate
 
     read_end, write_end = os.pipe()
     with os.fdopen(read_end, "rb") as stream, \
             concurrent.futures.ThreadPoolExecutor(1) as waiting:
-        chunks = translate.stdin_chunks(stream, most=3)
+        not_utf8 = []
+        chunks = translate.stdin_chunks(stream, most=3, first_not_utf8=not_utf8.append)
 
         def next_chunk():  # a chunk that waits for more lines fails the test, not hangs it
             return waiting.submit(next, chunks).result(timeout=30)
@@ -473,8 +474,9 @@ def test_stdin_chunks_answer_each_line_once_no_more_are_waiting():
             os.write(write_end, b"one\n")
             assert next_chunk() == ["one"]  # not waiting for a second line
             os.write(write_end, b"tw")
-            os.write(write_end, b"o\r\n\n")
-            assert next_chunk() == ["two", ""]
+            os.write(write_end, b"o\r\n\xf1\n")
+            assert next_chunk() == ["two", "\ufffd"]
+            assert not_utf8 == [3]
             os.write(write_end, "".join(f"{i}\n" for i in range(7)).encode() + b"\xff\xe2 x")
             assert next_chunk() == ["0", "1", "2"]
             assert next_chunk() == ["3", "4", "5"]
@@ -482,13 +484,15 @@ def test_stdin_chunks_answer_each_line_once_no_more_are_waiting():
         finally:
             os.close(write_end)
         assert list(chunks) == [["\ufffd\ufffd x"]]
+        assert not_utf8 == [3]  # the first only
 
 
 def test_translate_answers_a_pipe_or_a_terminal_line_by_line(
         run_dir, run_translators, tmp_path, monkeypatch, capsys):
     """stdin a pipe (or a terminal) and stdout the output: the translations are
     the search's, in order, chunk after chunk, each chunk numbered on from the
-    last in errors; a terminal is told how to type and end."""
+    last in errors; a terminal is told how to type and end; the first line that
+    is not UTF-8 is named as it comes, the ones after it not."""
     from keras_transformer import evaluation
     from keras_transformer.cli import translate
 
@@ -504,7 +508,7 @@ def test_translate_answers_a_pipe_or_a_terminal_line_by_line(
 
     def pipe(text, terminal):
         read_end, write_end = os.pipe()
-        os.write(write_end, text.encode("utf-8"))
+        os.write(write_end, text if isinstance(text, bytes) else text.encode("utf-8"))
         os.close(write_end)
         stream = os.fdopen(read_end, "rb")
         monkeypatch.setattr(sys, "stdin", Terminal(stream) if terminal else
@@ -528,6 +532,13 @@ def test_translate_answers_a_pipe_or_a_terminal_line_by_line(
     assert calls == [(3, 1), (1, 4)]
     assert capsys.readouterr().err == ("keras-transformer translate: type a sentence and "
                                        "press Enter; Ctrl-D ends\n")
+
+    pipe(b"Jesus wept.\nEl se\xf1or.\nAmen.\nY \xe9l.\n", terminal=False)
+    assert translate.main(["--run", str(run_dir), "--verbose"]) == 0
+    assert capsys.readouterr().err == (
+        "keras-transformer translate: stdin: line 2 is not UTF-8 (the first; later ones are "
+        "not named); its bad bytes were read as U+FFFD and translated so. If it is in another "
+        "encoding, convert it first, e.g. iconv -f WINDOWS-1252 -t UTF-8\n")
 
 
 @pytest.mark.parametrize("command", ["translate", "evaluate", "export"])

@@ -9,7 +9,8 @@ aligns with the input. A progress bar appears on stderr for inputs of 200 lines
 or more where stderr is a terminal (--progress / --no-progress to choose). Decoding is the paper's (beam 4,
 alpha 0.6, input length + 50) unless the flags say otherwise; inputs longer than
 the model's maximum length are truncated. A line that is not UTF-8 is translated
-with its bad bytes read as U+FFFD, and stderr says which lines were.
+with its bad bytes read as U+FFFD, and stderr says which lines were (read line by
+line from a pipe or a terminal: the first, as it comes).
 
 Read from a terminal or a pipe and written to stdout, each line is translated as
 soon as no more lines are waiting: a person typing sentences, or a program that
@@ -64,12 +65,16 @@ def read_lines(path):
     lines, not_utf8 = [], []
     with stream:
         for number, line in enumerate(stream, 1):
-            try:
-                lines.append(line.decode("utf-8").rstrip("\r\n"))
-            except UnicodeDecodeError:
+            text, valid = _decode(line)
+            lines.append(text)
+            if not valid:
                 not_utf8.append(number)
-                lines.append(_decoded(line))
     return lines, not_utf8
+
+
+# The end of each warning: what was done, and how to convert a file in another encoding.
+_CONVERT = ("bad bytes were read as U+FFFD and translated so. If it is in another encoding, "
+            "convert it first, e.g. iconv -f WINDOWS-1252 -t UTF-8")
 
 
 def not_utf8_warning(path, not_utf8, total):
@@ -79,34 +84,57 @@ def not_utf8_warning(path, not_utf8, total):
     name = "stdin" if path == "-" else path
     first = f"line {not_utf8[0]}" if len(not_utf8) == 1 else f"the first: line {not_utf8[0]}"
     return (f"{name}: {len(not_utf8)} of its {total} lines are not UTF-8 ({first}); their "
-            "bad bytes were read as U+FFFD and translated so. If it is in another encoding, "
-            "convert it first, e.g. iconv -f WINDOWS-1252 -t UTF-8")
+            + _CONVERT)
 
 
-def _decoded(line):
-    # Invalid UTF-8 is not fatal: the model sees U+FFFD for those bytes.
-    return line.decode("utf-8", "replace").rstrip("\r\n")
+def streamed_not_utf8_warning(number):
+    """What a user reads, at once, where line `number` of stdin, answered line
+    by line (`stdin_chunks`), is the first that is not UTF-8."""
+    return (f"stdin: line {number} is not UTF-8 (the first; later ones are not named); its "
+            + _CONVERT)
 
 
-def stdin_chunks(stream, most):
+def _decode(line):
+    """`line` (bytes) as text without its line end, and whether it was UTF-8.
+    Invalid UTF-8 is not fatal: the model sees U+FFFD for those bytes."""
+    try:
+        return line.decode("utf-8").rstrip("\r\n"), True
+    except UnicodeDecodeError:
+        return line.decode("utf-8", "replace").rstrip("\r\n"), False
+
+
+def stdin_chunks(stream, most, first_not_utf8=None):
     """The lines of `stream` (a terminal or a pipe) in lists of at most `most`:
     those that have arrived, as soon as no more are waiting, so that each line
     typed, or written by a program that then waits for its translation, is
-    answered at once; a file poured in fills the lists."""
+    answered at once; a file poured in fills the lists. `first_not_utf8(number)`
+    is called as the first line that is not UTF-8 arrives (it is read with
+    U+FFFD for its bad bytes)."""
     fd = stream.fileno()
-    lines, pending = [], b""
+    lines, pending, read, warned = [], b"", 0, False  # read: lines handed on
+
+    def add(line):
+        nonlocal warned
+        text, valid = _decode(line)
+        lines.append(text)
+        if not (valid or warned or first_not_utf8 is None):
+            warned = True
+            first_not_utf8(read + len(lines))
+
     while True:
         if lines and (len(lines) >= most or not select.select([fd], [], [], 0)[0]):
             yield lines[:most]
+            read += len(lines[:most])
             lines = lines[most:]
             continue
         data = os.read(fd, 1 << 16)
         if not data:
             break
         *complete, pending = (pending + data).split(b"\n")
-        lines += [_decoded(line) for line in complete]
+        for line in complete:
+            add(line)
     if pending:
-        lines.append(_decoded(pending))
+        add(pending)
     for start in range(0, len(lines), most):
         yield lines[start:start + most]
 
@@ -136,7 +164,11 @@ def main(argv=None, prog=PROG):
                 print(f"{prog}: type a sentence and press Enter; Ctrl-D ends",
                       file=sys.stderr, flush=True)
             answered = 0
-            for chunk in stdin_chunks(sys.stdin.buffer, CHUNK_LINES):
+            def first_not_utf8(number):
+                print(f"{prog}: {streamed_not_utf8_warning(number)}", file=sys.stderr,
+                      flush=True)
+
+            for chunk in stdin_chunks(sys.stdin.buffer, CHUNK_LINES, first_not_utf8):
                 write_lines("-", evaluation.translate_sentences(
                     translator, chunk, args.batch_size, first_number=answered + 1,
                     **settings))
