@@ -105,8 +105,9 @@ class DecodingConfig:
             translated with the capitals the training text gives its words
             ("And God said unto Moses", the vocabulary's `Casing`), instead
             of the noise a model that has seen few such sentences makes of
-            them. Text signatures only (an ids-only translator has no text:
-            False there).
+            them; and a sentence that starts with a capital gets a translation
+            that does. Text signatures only (an ids-only translator has no
+            text: False there).
         beam_sizes: beam sizes callers may ask for (one program each).
         max_input_length: longer inputs are truncated (default: the model's
             max_positions).

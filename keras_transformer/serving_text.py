@@ -47,6 +47,10 @@ TITLE_CASE_WORDS = 4
 ALL_CAPS = r"[^\p{Ll}]*\p{Lu}[^\p{Ll}]*\p{Lu}[^\p{Ll}]*"
 # A sentence in small letters only: one small letter or more, no capital.
 SMALL_LETTERS = r"[^\p{Lu}\p{Lt}]*\p{Ll}[^\p{Lu}\p{Lt}]*"
+# A sentence whose first letter (after any quotes, digits, "¿") is a capital,
+# or a small letter.
+CAPITAL_FIRST = r"(?s)\PL*[\p{Lu}\p{Lt}].*"
+SMALL_FIRST = r"(?s)\PL*\p{Ll}.*"
 
 
 class RequestText:
@@ -99,14 +103,23 @@ class RequestText:
         return self.tokenizer.tokenize(text)
 
     def in_source_case(self, text, translations):
-        """`translations` `(B,)` or `(B, K)` of the request's `text` `(B,)`, in
-        capitals where that sentence was in capitals only and the translator
-        recases them."""
+        """`translations` `(B,)` or `(B, K)` of the request's `text` `(B,)`, where
+        the translator recases capitals: in capitals where that sentence was in
+        capitals only, and with a capital first letter where its first letter
+        was one (a model trained on clauses too may start a sentence with a
+        small letter: "y tu prójimo como tu prójimo." for "Love your neighbor
+        as yourself."; Moses's detruecaser does the same)."""
         if not self.recase_capitals:
             return translations
-        caps = _all_caps(_cleaned(text))  # (B,)
-        caps = tf.reshape(caps, tf.concat([tf.shape(caps), tf.ones(
-            [tf.rank(translations) - 1], tf.int32)], axis=0))  # (B, 1...) against (B, K)
+        text = _cleaned(text)
+
+        def per_translation(flags):  # (B,) -> (B, 1...), against (B, K)
+            return tf.reshape(flags, tf.concat([tf.shape(flags), tf.ones(
+                [tf.rank(translations) - 1], tf.int32)], axis=0))
+
+        capital_first = per_translation(tf.strings.regex_full_match(text, CAPITAL_FIRST))
+        translations = tf.where(capital_first, _capitalized(translations), translations)
+        caps = per_translation(_all_caps(text))
         return tf.where(caps, tf.strings.upper(translations, encoding="utf-8"), translations)
 
     def detokenize(self, ids):
@@ -130,6 +143,15 @@ def _cleaned(text):
     # at the ends, as in the training text: whitespace-only is empty.
     text = tf.strings.regex_replace(text, WHITESPACE, " ")
     return tf.strings.regex_replace(text, r"^ | $", "")
+
+
+def _capitalized(text):
+    """`text` with its first letter a capital where it is a small one; the
+    characters before it (quotes, "¿", digits) as they are."""
+    head = tf.strings.regex_replace(text, r"^(?s)(\PL*\pL).*", r"\1")  # up to the letter
+    rest = tf.strings.regex_replace(text, r"^(?s)\PL*\pL", "", replace_global=False)
+    return tf.where(tf.strings.regex_full_match(text, SMALL_FIRST),
+                    tf.strings.upper(head, encoding="utf-8") + rest, text)
 
 
 def _all_caps(text):

@@ -326,6 +326,12 @@ MUTANTS = [
            "blocked = tf.logical_and(tf.logical_and(same, starts), written)  # (N, L)",
            "blocked = tf.logical_and(same, written)  # (N, L)",
            ["tests/test_decoding.py::TestRunMasks"]),
+    # "Love your neighbor as yourself." answered "y tu prójimo ...", in small letters.
+    mutant("translation-first-letter-left-small", "keras_transformer/serving_text.py",
+           "translations = tf.where(capital_first, _capitalized(translations), translations)",
+           "pass",
+           ["tests/test_serving.py::"
+            "test_a_translation_starts_with_a_capital_where_its_sentence_does"]),
     # A stutter inside a word ("Jerusalenenen"): the translator does not block it.
     mutant("stutters-not-blocked", "keras_transformer/serving.py",
            'stutters = tf.strings.regex_full_match(pieces, r"\\pL+")', "stutters = None",

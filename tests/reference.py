@@ -99,3 +99,18 @@ def restored_case(text, spellings, sentence_starts=True):
         words.append(before + letters + after)
         lettered, previous_ends = True, any(char in ".!?" for char in after)
     return " ".join(words)
+
+
+def capitalized_like(source, translation):
+    """`translation` with its first letter a capital where it is a small one
+    and `source`'s first letter is a capital (`serving_text.RequestText.
+    in_source_case`), character by character."""
+    def first_letter(text):
+        return next((i for i, char in enumerate(text) if unicodedata.category(char)[0] == "L"),
+                    None)
+
+    at, to = first_letter(source), first_letter(translation)
+    if (at is None or to is None or unicodedata.category(source[at]) not in ("Lu", "Lt")
+            or unicodedata.category(translation[to]) != "Ll"):
+        return translation
+    return translation[:to] + translation[to].upper() + translation[to + 1:]

@@ -14,6 +14,7 @@ from keras_transformer import serving
 from keras_transformer import serving_text
 from keras_transformer.data import BOS_ID, EOS_ID
 from keras_transformer.decoding_config import DecodingConfig
+from tests.reference import capitalized_like
 from tests.reference import restored_case
 from tests.translation_fixtures import SENTENCES
 from tests.translation_fixtures import make_model
@@ -197,7 +198,9 @@ def test_text_signature_equals_ids_signature(translator, tokenizer):
     assert by_ids["ids"].dtype == tf.int32
     ids = by_ids["ids"].numpy()
     assert not np.isin(ids, [BOS_ID, EOS_ID]).any()
-    assert _strings(tokenizer.detokenize(ids)) == _strings(by_text["translation"])
+    # Text has a first letter to follow: a sentence's capital is its translation's.
+    assert [capitalized_like(source, text) for source, text in zip(
+        SENTENCES, _strings(tokenizer.detokenize(ids)))] == _strings(by_text["translation"])
     np.testing.assert_allclose(by_ids["score"], by_text["score"], atol=1e-6)
 
 
@@ -411,6 +414,8 @@ def test_sentences_without_telling_capitals_translate_in_their_words_usual_case(
     requests = [text.encode() for text in requests] + [BAD_UTF8]
     outputs = translator.translate(tf.constant(requests))
     expected, scores = as_written(searched)
+    expected = [capitalized_like(source, text) for source, text in zip(
+        _strings(serving_text._cleaned(tf.constant(requests))), expected)]
     expected = [text.upper() if upper else text for text, upper in zip(expected, capitals)]
     assert _strings(outputs["translation"]) == expected
     np.testing.assert_allclose(outputs["score"], scores, rtol=1e-5)
@@ -429,6 +434,31 @@ def test_sentences_without_telling_capitals_translate_in_their_words_usual_case(
     reference = translator.score(tf.constant(searched[:1]), tf.constant(
         [restored_case("EN EL PRINCIPIO.", spellings)]))
     np.testing.assert_allclose(scored["log_prob"], reference["log_prob"], rtol=1e-5)
+
+
+def test_a_translation_starts_with_a_capital_where_its_sentence_does(tokenizer):
+    """A model trained on clauses too answered "Love your neighbor as
+    yourself." with "y tu prójimo como tu prójimo.": where the translator
+    recases capitals, a sentence's first capital letter gives its translation
+    one (after quotes, "¿", digits), a small one leaves it be. Here a model that
+    says "the" over and over, and the Python twin."""
+    texts = ["y tu prójimo.", "¿no teme.", "á la ciudad", "“é”", "123", "", "Ya bien", "ñu",
+             "3 hombres", "東京 tokyo", "σοφία", "ǆungla", "- y él"]
+    capitalized = _strings(serving_text._capitalized(tf.constant(texts)))
+    assert capitalized == [capitalized_like("A", text) for text in texts]
+    assert capitalized[:3] == ["Y tu prójimo.", "¿No teme.", "Á la ciudad"]
+    model = _model_that_says(tokenizer, _strings(tokenizer.id_to_token(
+        tf.range(tokenizer.vocab_size))).index("\u2581the"))
+    options = dict(extra_length=EXTRA_LENGTH, max_input_length=MAX_INPUT_LENGTH,
+                   beam_sizes=(1,), beam_size=1)
+    sources = ["Jesus wept.", "“Who?” he said to Moses.", "3 Men came", "and he said to Moses"]
+    plain = _strings(serving.Translator(model, tokenizer, recase_capitals=False, **options)
+                     .translate(tf.constant(sources))["translation"])
+    assert all(text.startswith("the the") for text in plain)
+    recased = _strings(serving.Translator(model, tokenizer, **options)
+                       .translate(tf.constant(sources))["translation"])
+    assert recased == [capitalized_like(source, text) for source, text in zip(sources, plain)]
+    assert [text[:3] for text in recased] == ["The", "The", "The", "the"]
 
 
 def test_title_case_equals_python_string_methods():
