@@ -85,8 +85,9 @@ def test_bad_requests(tokenizer, tmp_path):
 @pytest.mark.alone  # the quickstart's run: 8 minutes of training, once per session
 def test_same_translations_as_our_beam_search_and_int8_bleu(quickstart, tmp_path):
     """The quickstart's model (trained for 8 minutes: it translates) in both
-    engines: 200 bundled test sentences, beam 4, length penalty off (the engines
-    normalize differently), and the source text as written in both: our
+    engines: the same translations of 200 bundled test sentences, and int8's
+    sacreBLEU within 0.5 of float32's on all 1791; beam 4, length penalty off (the
+    engines normalize differently), and the source text as written in both: our
     recasing of sentences in small letters only is off, CTranslate2 has none
     (with it on, the fragments among the 200, such as "or has found that which
     was lost, ...", are translated as "Or has found ..." by ours only)."""
@@ -104,7 +105,10 @@ def test_same_translations_as_our_beam_search_and_int8_bleu(quickstart, tmp_path
     assert exported.returncode == 0, exported.stderr
     model, tokenizer, _ = runs.Run(run).load()
     ctranslate2_model.export_ctranslate2(model, tokenizer, str(tmp_path / "float32"))
-    pairs = list(data.load_parallel("bundled", "test").take(200).as_numpy_iterator())
+    # The whole test split (1791 pairs) for the two BLEUs: on its first 200, int8
+    # against float32 moved by -0.55 (a 2-core AMX-hidden Xeon's quickstart run),
+    # +0.33 (another run there), +0.08 on all 1791.
+    pairs = list(data.load_parallel("bundled", "test").as_numpy_iterator())
     sources = [pair["source"].decode() for pair in pairs]
     references = [[pair["target"].decode() for pair in pairs]]
     translator = serving.Translator(model, tokenizer, alpha=0.0, recase_capitals=False)
@@ -116,12 +120,12 @@ def test_same_translations_as_our_beam_search_and_int8_bleu(quickstart, tmp_path
     # to AVX2); one is allowed to a near tie: two float32 engines summing in other
     # orders can rank the beam's 4th and 5th hypotheses apart where they are
     # within 1e-3 of each other (seen: 6.7e-4).
-    agree = sum(a == b for a, b in zip(ours, float32))
+    agree = sum(a == b for a, b in zip(ours, float32[:200]))
     assert agree >= 199, [(s, a, b) for s, a, b in zip(sources, ours, float32) if a != b]
     bleu = {name: sacrebleu.corpus_bleu(hypotheses, references).score
             for name, hypotheses in (("float32", float32), ("int8", int8))}
-    print(f"sacreBLEU on 200 test sentences: {bleu}")
-    # It translates (25.1, int8 25.0, on a 2-core Xeon with AMX's quickstart run; a
-    # run that learned nothing scores about 1).
+    print(f"sacreBLEU on the {len(sources)} test sentences: {bleu}")
+    # It translates (21.9, int8 22.0, on an AMX-hidden Xeon's quickstart run; a run
+    # that learned nothing scores about 1).
     assert bleu["float32"] >= 12.0, bleu
     assert abs(bleu["int8"] - bleu["float32"]) <= 0.5 + 1e-9, bleu
