@@ -47,8 +47,8 @@ TITLE_CASE_WORDS = 4
 ALL_CAPS = r"[^\p{Ll}]*\p{Lu}[^\p{Ll}]*\p{Lu}[^\p{Ll}]*"
 # A sentence in small letters only: one small letter or more, no capital.
 SMALL_LETTERS = r"[^\p{Lu}\p{Lt}]*\p{Ll}[^\p{Lu}\p{Lt}]*"
-# A sentence whose first letter (after any quotes, digits, "¿") is a capital,
-# or a small letter.
+# A sentence whose first letter (after any quotes, digits, "¿") is a capital
+# (CAPITAL_FIRST), or a small letter (SMALL_FIRST).
 CAPITAL_FIRST = r"(?s)\PL*[\p{Lu}\p{Lt}].*"
 SMALL_FIRST = r"(?s)\PL*\p{Ll}.*"
 

@@ -123,9 +123,9 @@ def stdin_chunks(stream, most, first_not_utf8=None):
 
     while True:
         if lines and (len(lines) >= most or not select.select([fd], [], [], 0)[0]):
-            yield lines[:most]
-            read += len(lines[:most])
-            lines = lines[most:]
+            chunk, lines = lines[:most], lines[most:]
+            yield chunk
+            read += len(chunk)
             continue
         data = os.read(fd, 1 << 16)
         if not data:
