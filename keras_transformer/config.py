@@ -322,8 +322,10 @@ class TrainingConfig:
             paper's 0.6, then 0.8, 1.0 and 1.2 while sacreBLEU rises; then
             blocking kept only if it beats the paper's search at that alpha
             (`evaluation.choose_decoding`). Exports, translate and evaluate of
-            the run take them unless given --alpha or --no-repeat-ngram-size.
-            0: the paper's decoding (alpha 0.6, nothing blocked).
+            the run take them unless given --alpha or --no-repeat-ngram-size;
+            the export of a run that stopped before its end chooses them on
+            these dev sentences. 0: the paper's decoding (alpha 0.6, nothing
+            blocked).
         test_sentences: test sentences translated for the final BLEU (0: no
             final evaluation).
         strategy: "auto", "one_device", "mirrored", "multi_worker" or "tpu".

@@ -264,6 +264,16 @@ class Run:
         values = {**settings, "sentences": sentences, "tried": tried}
         _write_json(self.decoding_path, values)
 
+    def decoding_chosen(self):
+        """Whether the run has chosen the decoding of its translations: as it
+        ended (decoding.json), or never (`alpha_sentences` 0: the paper's). Not
+        yet where it stopped before its end or is still training (or ended
+        before runs chose, 2026-11-26)."""
+        if os.path.exists(self.decoding_path):
+            return True
+        training = (self.read_config() or {}).get("training", {})
+        return TrainingConfig.from_dict(training).alpha_sentences == 0
+
     def decoding_settings(self):
         """The decoding settings this run chose for its translations
         (`{"alpha": 1.0, "no_repeat_ngram_size": 4, "block_adjacent_repeats":

@@ -170,9 +170,9 @@ MUTANTS = [
     # A run's directory passed as --export: "holds no SavedModel", not which flag.
     # train chooses the decoding and scores its test BLEU in bfloat16 after a
     # mixed_bfloat16 run, while its export and --run commands decode in float32.
-    mutant("train-translates-in-its-training-precision", "keras_transformer/cli/train.py",
-           "model = averaged if averaged.precision == RUN_PRECISION else averaged.with_dtype("
-           "RUN_PRECISION)", "model = averaged",
+    mutant("train-translates-in-its-training-precision", "keras_transformer/cli/common.py",
+           "model = model if model.precision == RUN_PRECISION else model.with_dtype("
+           "RUN_PRECISION)", "pass",
            ["tests/test_train_cli.py::test_train_translates_as_its_export_and_run_commands_do"]),
     # A missing test file is found once training has ended, not as it starts.
     mutant("test-file-unchecked-at-the-start", "keras_transformer/cli/train.py",
@@ -341,6 +341,16 @@ MUTANTS = [
     mutant("run-choice-drops-adjacent-repeats", "keras_transformer/evaluation.py",
            'settings["block_adjacent_repeats"] = True', "pass",
            ["tests/test_evaluation.py::test_choose_decoding_blocks_on_the_blocking_translator"]),
+    # The export of a run that stopped before its end decodes as the paper does.
+    mutant("stopped-run-exported-unchosen", "keras_transformer/cli/export.py",
+           "if not run.decoding_chosen() and any(getattr(args, name) is None",
+           "if False and any(getattr(args, name) is None",
+           ["tests/test_cli.py::test_export_of_a_stopped_run_chooses_its_decoding_on_its_dev_pairs"]),
+    # translate --run of a stopped run: the paper's decoding, unsaid.
+    mutant("stopped-run-translated-unsaid", "keras_transformer/cli/common.py",
+           "if not run.decoding_chosen() and (args.alpha is None or args.no_repeat_ngram_size "
+           "is None):", "if False:",
+           ["tests/test_cli.py::test_a_stopped_run_translated_says_it_has_not_chosen_its_decoding"]),
     # export: a version written whole, said to be "Nothing was exported".
     mutant("export-server-files-unsaid", "keras_transformer/cli/export.py",
            'print(f"{prog}: wrote {path}, but not TF Serving\'s files beside it: "',

@@ -677,10 +677,7 @@ def test_export_takes_the_decoding_the_run_chose_unless_told(run_dir, tmp_path, 
     decoding.json) are the export's defaults; --alpha, --no-repeat-ngram-size
     and --[no-]block-adjacent-repeats win over them, each on its own; an
     --ids-only export, which cannot tell words, says it leaves that one out."""
-    import shutil
-
     from keras_transformer import runs
-    from keras_transformer import saved_model
     from keras_transformer.cli import export
 
     run = tmp_path / "run"
@@ -689,18 +686,7 @@ def test_export_takes_the_decoding_the_run_chose_unless_told(run_dir, tmp_path, 
                                   "block_adjacent_repeats": True},
                                  {(4, 0.6): 20.0, (0, 0.6): 19.0, (4, 0.8): 21.0,
                                   (4, 1.0): 21.5, (4, 1.2): 19.0}, 300)
-    exported = []
-
-    def export_translator(translator, out, *args, **kwargs):  # no search traced
-        config = translator.config
-        exported.append((config.alpha, config.no_repeat_ngram_size,
-                         config.block_adjacent_repeats, config.recase_capitals))
-        return os.path.join(out, "1")
-
-    monkeypatch.setattr(saved_model, "export_translator", export_translator)
-    monkeypatch.setattr(saved_model, "write_model_server_files",
-                        lambda out, *args: [os.path.join(out, name)
-                                            for name in ("models.config", "batching")])
+    exported = _record_exports(monkeypatch)
     outputs = []
     for flags in ((), ("--alpha", "0.7"), ("--no-repeat-ngram-size", "0"),
                   ("--alpha", "0.7", "--no-repeat-ngram-size", "3"),
@@ -715,6 +701,153 @@ def test_export_takes_the_decoding_the_run_chose_unless_told(run_dir, tmp_path, 
                         (1.0, 4, False, False)]
     assert "an --ids-only export cannot" in outputs[-1]
     assert not any("--ids-only" in output for output in outputs[:-1])
+
+
+def _record_exports(monkeypatch):
+    """Stubs the export's writing (no search traced): a list that gets the
+    decoding of each translator exported, `(alpha, no_repeat_ngram_size,
+    block_adjacent_repeats, recase_capitals)`."""
+    from keras_transformer import saved_model
+
+    exported = []
+
+    def export_translator(translator, out, *args, **kwargs):
+        config = translator.config
+        exported.append((config.alpha, config.no_repeat_ngram_size,
+                         config.block_adjacent_repeats, config.recase_capitals))
+        return os.path.join(out, "1")
+
+    monkeypatch.setattr(saved_model, "export_translator", export_translator)
+    monkeypatch.setattr(saved_model, "write_model_server_files",
+                        lambda out, *args: [os.path.join(out, name)
+                                            for name in ("models.config", "batching")])
+    return exported
+
+
+def _stopped_run(run_dir, path, training):
+    """A copy of `run_dir` as a run that stopped before its end, trained with
+    `training` (a TrainingConfig): its averaged weights are its one checkpoint
+    (step 40), and it has no averaged weights, final model or decoding.json."""
+    from keras_transformer import runs
+
+    shutil.copytree(run_dir, path)
+    run = runs.Run(str(path))
+    os.makedirs(run.checkpoints.directory)
+    os.replace(run.averaged_weights,
+               os.path.join(run.checkpoints.directory, "ckpt-00000040.weights.h5"))
+    os.remove(os.path.join(run.directory, runs.FINAL_MODEL))
+    os.remove(run.decoding_path)
+    run.write_config(runs_model_config(run), training)
+    return run
+
+
+def test_export_of_a_stopped_run_chooses_its_decoding_on_its_dev_pairs(
+        run_dir, tokenizer, tmp_path, monkeypatch, capsys):
+    """A run that stopped before its end has not chosen its decoding (a run
+    chooses it as it ends): its export chooses it as train would have, on the
+    run's first --alpha-sentences dev pairs with the run's two translators
+    (float32; the paper's search, and one that blocks words repeated back to
+    back), says what it chose, and takes it where no flag says otherwise. With
+    all three flags given it chooses nothing; where the dev pairs cannot be
+    read, it says so and decodes as the paper does."""
+    from keras_transformer import data
+    from keras_transformer import evaluation
+    from keras_transformer.cli import export
+    from keras_transformer.config import TrainingConfig
+
+    run = _stopped_run(run_dir, tmp_path / "run", TrainingConfig(alpha_sentences=3))
+    exported = _record_exports(monkeypatch)
+    asked, searchers = [], []
+
+    def choose_decoding(translator, pairs, blocking=None):
+        asked.append(pairs)
+        searchers.append((translator, blocking))
+        return ({"no_repeat_ngram_size": 4, "alpha": 1.2, "block_adjacent_repeats": True},
+                {(4, 0.6): 3.0, (4, 0.8): 4.0, (4, 1.0): 5.0, (4, 1.2): 6.0, (0, 1.2): 2.0})
+
+    monkeypatch.setattr(evaluation, "choose_decoding", choose_decoding)
+
+    def export_run(*flags):
+        return _main(export, monkeypatch, capsys, "--run", run.directory, "--weights",
+                     "checkpoints", "--out", tmp_path / "out", "--beam-sizes", "1",
+                     "--beam-size", "1", "--jit-compile", "off", *flags)
+
+    out = export_run()
+    dev = [(pair["source"].decode(), pair["target"].decode())
+           for pair in data.load_parallel("bundled", "dev").take(3).as_numpy_iterator()]
+    assert asked == [dev]
+    assert exported == [(1.2, 4, True, True)]
+    # The checkpoint's weights, in float32: the paper's search, and one that blocks.
+    checkpoint = make_model(tokenizer.vocab_size).get_weights()
+    assert [searcher.config.block_adjacent_repeats for searcher in searchers[0]] == [False, True]
+    for searcher in searchers[0]:
+        assert searcher.config.precision == "float32"
+        for theirs, ours in zip(searcher.model.get_weights(), checkpoint, strict=True):
+            np.testing.assert_array_equal(theirs, ours)
+    prog = "keras-transformer export"
+    assert (f"{prog}: {run.directory} has not chosen the decoding of its translations (a run "
+            "chooses it as it ends): choosing it now, on its first 3 dev pairs\n"
+            f"{prog}: Decoding for this export's translations, chosen on 3 dev sentences: "
+            "alpha 1.2, repeated 4-grams and words repeated back to back blocked (sacreBLEU "
+            "with repeated 4-grams and words repeated back to back blocked: 3.0 at 0.6, 4.0 "
+            "at 0.8, 5.0 at 1.0, 6.0 at 1.2; with nothing blocked at 1.2: 2.0. Sec. 6.1's "
+            "alpha 0.6 unless another scores higher)\n") in out, out
+    export_run("--alpha", "0.7")  # a flag wins over what is chosen
+    assert len(asked) == 2 and exported[-1] == (0.7, 4, True, True)
+    out = export_run("--alpha", "0.7", "--no-repeat-ngram-size", "0",
+                     "--no-block-adjacent-repeats")
+    assert len(asked) == 2 and exported[-1] == (0.7, 0, False, True)
+    assert "has not chosen" not in out
+    # Trained on a file that is gone since: the paper's decoding, and why.
+    gone = tmp_path / "gone.tsv"
+    run.write_config(runs_model_config(run), TrainingConfig(alpha_sentences=3, data=str(gone)))
+    out = export_run()
+    assert len(asked) == 2 and exported[-1] == (0.6, 0, False, True)
+    assert (f"{prog}: the dev pairs of --data '{gone}' cannot be read (") in out, out
+    assert ("; the export decodes as the paper does (alpha 0.6, nothing blocked) unless "
+            "--alpha and --no-repeat-ngram-size say otherwise\n") in out, out
+
+
+def runs_model_config(run):
+    """The TransformerConfig that `run` (a `runs.Run`) records."""
+    from keras_transformer.config import TransformerConfig
+
+    return TransformerConfig.from_dict(run.read_config()["model"])
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_a_stopped_run_translated_says_it_has_not_chosen_its_decoding(
+        command, run_dir, run_translators, tmp_path, monkeypatch, capsys):
+    """translate and evaluate --run of a run that stopped before its end decode
+    as the paper does (they choose no decoding, which takes dev passes), and say
+    so, unless --alpha and --no-repeat-ngram-size say how; of a run that chose,
+    they say nothing of it."""
+    import importlib
+
+    from keras_transformer.config import TrainingConfig
+
+    module = importlib.import_module(f"keras_transformer.cli.{command}")
+    stopped = _stopped_run(run_dir, tmp_path / "run", TrainingConfig()).directory
+    source = tmp_path / "source.txt"
+    source.write_text("Jesus wept.\n", encoding="utf-8")
+    corpus = ([source] if command == "translate"
+              else ["--src", source, "--ref", source, "--no-progress"])
+    translators = {"checkpoints": run_translators["averaged"], **run_translators}
+    _load_runs_as(monkeypatch, lambda run, model, tokenizer, **options: translators[model])
+    said = []
+    for run, weights, flags in [
+            (stopped, "checkpoints", []), (stopped, "checkpoints", ["--alpha", "1.0"]),
+            (stopped, "checkpoints", ["--alpha", "1.0", "--no-repeat-ngram-size", "0"]),
+            (run_dir, "averaged", [])]:
+        assert module.main([*map(str, ["--run", run, "--weights", weights, *corpus, *flags,
+                                       "--output", tmp_path / "out.txt"])]) == 0
+        said.append(capsys.readouterr().err)
+    note = (f"keras-transformer {command}: {stopped} has not chosen the decoding of its "
+            "translations (a run chooses it on its dev set as it ends): this decodes as the "
+            "paper does, alpha 0.6 with nothing blocked, unless --alpha and "
+            "--no-repeat-ngram-size say otherwise; its export chooses it\n")
+    # With --alpha alone, --no-repeat-ngram-size is still the run's.
+    assert said == [note, note, "", ""]
 
 
 def test_evaluate_reads_corpora_as_train_does(tmp_path):

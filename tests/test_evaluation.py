@@ -304,7 +304,7 @@ def test_load_translator_from_a_run_and_errors(tmp_path, tokenizer):
     translator = loading.load_translator(run=run, beam_sizes=(4,))
     assert isinstance(translator, serving.Translator)
     assert translator.config.beam_sizes == (4,)
-    assert translator.config.alpha == 0.6  # the paper's: the run chose none
+    assert translator.config.alpha == 0.6  # the paper's: the run chose it
     # The length penalty train chose on dev pairs (decoding.json), unless told.
     runs.Run(run).write_decoding({"alpha": 1.2, "no_repeat_ngram_size": 4},
                                  {(4, 0.6): 10.0, (0, 0.6): 9.0, (4, 1.0): 12.0,

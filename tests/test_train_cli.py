@@ -896,6 +896,29 @@ def test_a_second_run_and_a_resumed_one_load_what_xla_compiled(tmp_path):
     assert len(list(cache.glob("xla_compile_cache_*.pb"))) == compiled
 
 
+def test_corpus_split_reads_each_split_as_train_does(tmp_path, capsys):
+    """`common.corpus_split`, with which export reads a stopped run's dev pairs,
+    gives each split that train reads (`train.load_splits`): the bundled corpus's,
+    those of files with '{split}', and those held out of files without one with
+    the run's seed (another seed draws others)."""
+    from keras_transformer.cli import common
+
+    def listed(pairs):
+        return [(p["source"].decode(), p["target"].decode()) for p in pairs.as_numpy_iterator()]
+
+    for split in ("train", "dev", "test"):
+        (tmp_path / f"{split}.tsv").write_text(f"{split} one\tuno\n{split} two\tdos\n")
+    whole = tmp_path / "whole.tsv"
+    whole.write_text("".join(f"line {i}\tlínea {i}\n" for i in range(120)))
+    for corpus, seed in (("bundled", 0), (str(tmp_path / "{split}.tsv"), 0),
+                         (str(whole), 3)):
+        splits = train.load_splits(TrainingConfig(data=corpus, seed=seed))
+        for split in ("dev", "test") if corpus == "bundled" else ("train", "dev", "test"):
+            assert listed(common.corpus_split(corpus, split, seed)) == listed(splits[split])
+    assert listed(common.corpus_split(str(whole), "dev", 4)) != listed(splits["dev"])
+    capsys.readouterr()
+
+
 def test_pairs_left_out_for_their_length_are_counted_before_training(tokenizer, capsys):
     long = " ".join(["in the beginning"] * 40)
     sentences = ["Jesus wept.", long, "Jesus wept.", "Jesus wept."] * 4

@@ -54,12 +54,16 @@ def make_translator(model, tokenizer):
 
 
 def make_run_dir(path, tokenizer, model):
-    """Writes a run directory in train.py's layout: config.json, vocab/, weights."""
+    """Writes a run directory in train.py's layout, as a run that ended:
+    config.json, vocab/, its weights, and decoding.json (the paper's, as a run
+    chooses where nothing scores higher on its dev pairs)."""
     path = str(path)
     tokenizer.save(os.path.join(path, runs.VOCAB))
     model.save_weights(os.path.join(path, runs.AVERAGED_WEIGHTS))
     model.save(os.path.join(path, runs.FINAL_MODEL))
     runs.Run(path).write_config(model.config, TrainingConfig())
+    runs.Run(path).write_decoding({"alpha": 0.6, "no_repeat_ngram_size": 0},
+                                  {(4, 0.6): 0.0, (0, 0.6): 0.0}, 200)
     return path
 
 

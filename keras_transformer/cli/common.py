@@ -118,6 +118,11 @@ def load_command_translator(args, prog):
     run = runs.Run(args.run)
     model, tokenizer, run_config = run.load(args.weights)
     say_checkpoints(prog, args.run, run_config, file=sys.stderr)  # stdout: the output
+    if not run.decoding_chosen() and (args.alpha is None or args.no_repeat_ngram_size is None):
+        print(f"{prog}: {args.run} has not chosen the decoding of its translations (a run "
+              "chooses it on its dev set as it ends): this decodes as the paper does, alpha "
+              "0.6 with nothing blocked, unless --alpha and --no-repeat-ngram-size say "
+              "otherwise; its export chooses it", file=sys.stderr, flush=True)
     return loading.run_translator(run, model, tokenizer, **one_beam_size(args.beam_size))
 
 
@@ -231,6 +236,21 @@ def corpus_splits(data):
     return {"train": "train", "dev": "dev", "test": "test"}
 
 
+def corpus_split(data, split, seed, source_language=None, target_language=None):
+    """The pairs of `split` ("train", "dev" or "test") of train's --data `data`,
+    as train reads them: the corpus's own split (TFDS's "validation" for dev),
+    or for files without '{split}' the pairs `data.hold_out` holds out of them
+    with the run's `seed`."""
+    from keras_transformer import data as corpora
+
+    languages = {"source_language": source_language, "target_language": target_language}
+    if has_splits(data):
+        return corpora.load_parallel(corpus_source(data), corpus_splits(data)[split],
+                                     **languages)
+    splits, _ = corpora.hold_out(corpora.load_parallel(corpus_source(data), **languages), seed)
+    return splits[split]
+
+
 # What train reads each split's files for, and what to do without them.
 _SPLIT_USES = {
     "train": "for the pairs it learns from",
@@ -278,11 +298,66 @@ def add_config_flags(parser, dataclass, defaults=True, skip=()):
 
 # What a run decodes with where a flag leaves it to the run, where that is not
 # the `DecodingConfig` field's default.
-RUN_DECODING = {"alpha": "the one chosen on its dev set as training ended, else 0.6",
-                "no_repeat_ngram_size": "the one chosen on its dev set as training ended, "
-                                        "else 0",
-                "block_adjacent_repeats": "the one chosen on its dev set as training ended, "
-                                          "else off"}
+_RUN_CHOICE = ("the one chosen on its dev set as training ended (export chooses one for a run "
+               "that stopped before), else")
+RUN_DECODING = {"alpha": f"{_RUN_CHOICE} 0.6", "no_repeat_ngram_size": f"{_RUN_CHOICE} 0",
+                "block_adjacent_repeats": f"{_RUN_CHOICE} off"}
+
+
+def run_translators(model, tokenizer):
+    """`{block_adjacent_repeats: Translator}` of a run's `model` (its averaged
+    weights, as train ends; or those export reads), for the decoding chosen for
+    it and train's test BLEU: the paper's search, and one that also blocks runs
+    of words repeated right after themselves, each tracing the default beam's
+    only. They decode in the precision of a run's translations (`RUN_PRECISION`),
+    as its export and translate and evaluate --run do, whatever the run trained
+    in: a mixed-precision model's own search ranks near ties otherwise, and
+    would choose and score another decoding than theirs."""
+    from keras_transformer import serving
+    from keras_transformer.decoding_config import RUN_PRECISION
+    from keras_transformer.decoding_config import one_beam_size
+
+    # One copy in that precision for both, where the run trained in another.
+    model = model if model.precision == RUN_PRECISION else model.with_dtype(RUN_PRECISION)
+    return {adjacent: serving.Translator(model, tokenizer, **one_beam_size(),
+                                         block_adjacent_repeats=adjacent)
+            for adjacent in (False, True)}
+
+
+def choose_run_decoding(translators, dev_pairs, sentences):
+    """`(settings, scores, count)`: the decoding of a run's translations
+    (`translators`, from `run_translators`) chosen on the first `sentences` of
+    `dev_pairs`, a dataset of pairs, of which it read `count`: whether to block
+    repeats (4-grams anywhere, and runs of words right after themselves), and
+    the length penalty (`evaluation.choose_decoding`). `({}, {}, 0)`, the
+    paper's, without dev pairs to choose on."""
+    from keras_transformer import evaluation
+
+    pairs = [(pair["source"].decode(), pair["target"].decode())
+             for pair in dev_pairs.take(sentences).as_numpy_iterator()]
+    if not pairs:
+        return {}, {}, 0
+    settings, scores = evaluation.choose_decoding(translators[False], pairs,
+                                                  blocking=translators[True])
+    return settings, scores, len(pairs)
+
+
+def decoding_line(settings, scores, sentences, whose="this run's"):
+    """What `choose_run_decoding` chose for `whose` translations, and why, in a line."""
+    size, alpha = settings["no_repeat_ngram_size"], settings["alpha"]
+
+    def blocking(size):
+        return (f"repeated {size}-grams and words repeated back to back blocked" if size
+                else "nothing blocked")
+
+    first_size = next(iter(scores))[0]
+    alphas = ", ".join(f"{score:.1f} at {a:.1f}" for (n, a), score in scores.items()
+                       if n == first_size)
+    others = "; ".join(f"with {blocking(n)} at {a:.1f}: {score:.1f}"
+                       for (n, a), score in scores.items() if n != first_size)
+    return (f"Decoding for {whose} translations, chosen on {sentences} dev sentences: "
+            f"alpha {alpha:.1f}, {blocking(size)} (sacreBLEU with {blocking(first_size)}: "
+            f"{alphas}; {others}. Sec. 6.1's alpha 0.6 unless another scores higher)")
 
 
 # --weights, of export and of --run: a run's weights (`run_files.WEIGHT_CHOICES`).

@@ -22,8 +22,12 @@ from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import WEIGHTS_HELP
 from keras_transformer.cli.common import add_decoding_flags
 from keras_transformer.cli.common import check_not_swapped
+from keras_transformer.cli.common import choose_run_decoding
+from keras_transformer.cli.common import corpus_split
 from keras_transformer.cli.common import decoding_config
+from keras_transformer.cli.common import decoding_line
 from keras_transformer.cli.common import os_error_line
+from keras_transformer.cli.common import run_translators
 from keras_transformer.cli.common import say_checkpoints
 from keras_transformer.cli.common import start_decoding
 from keras_transformer.ctranslate2_model import QUANTIZATIONS
@@ -114,6 +118,9 @@ def main(argv=None, prog=PROG):
         if args.format == "ctranslate2":
             return export_ctranslate2(model, tokenizer, args, prog)
         chosen = run.decoding_settings()  # what the run chose on its dev set
+        if not run.decoding_chosen() and any(getattr(args, name) is None
+                                             for name in RUN_CHOSEN):
+            chosen = decoding_chosen_now(run, run_config, model, tokenizer, prog)
         if args.ids_only and chosen.pop("block_adjacent_repeats", False):
             print(f"{prog}: the run blocks words repeated back to back, which an --ids-only "
                   "export cannot (it has no pieces to tell words by); it blocks the rest",
@@ -167,6 +174,33 @@ def main(argv=None, prog=PROG):
           f"--enable_batching --batching_parameters_file={os.path.basename(server_files[1])}"
           f"{threads} (both files in {args.out}; see docs/export-and-serving.md)")
     return 0
+
+
+def decoding_chosen_now(run, run_config, model, tokenizer, prog):
+    """The decoding of `run`'s translations (`model`, as `run.load` gave it), for a
+    run that has not chosen its own (`runs.Run.decoding_chosen`: it stopped before
+    its end): chosen now, on its dev pairs, as the run would have as it ended.
+    The paper's (`{}`) where they cannot be read; it says which."""
+    from keras_transformer.config import TrainingConfig
+
+    training = TrainingConfig.from_dict(run_config.get("training", {}))
+    print(f"{prog}: {run.directory} has not chosen the decoding of its translations (a run "
+          "chooses it as it ends): choosing it now, on its first "
+          f"{training.alpha_sentences} dev pairs", flush=True)
+    try:
+        dev_pairs = corpus_split(training.data, "dev", training.seed,
+                                 training.source_language, training.target_language)
+        settings, scores, sentences = choose_run_decoding(
+            run_translators(model, tokenizer), dev_pairs, training.alpha_sentences)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"{prog}: the dev pairs of --data {training.data!r} cannot be read "
+              f"({error}); the export decodes as the paper does (alpha 0.6, nothing "
+              "blocked) unless --alpha and --no-repeat-ngram-size say otherwise", flush=True)
+        return {}
+    if sentences:
+        line = decoding_line(settings, scores, sentences, whose="this export's")
+        print(f"{prog}: {line}", flush=True)
+    return settings
 
 
 def export_ctranslate2(model, tokenizer, args, prog):

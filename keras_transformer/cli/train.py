@@ -27,15 +27,16 @@ from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import add_config_flags
 from keras_transformer.cli.common import as_flags
 from keras_transformer.cli.common import check_corpus_files
+from keras_transformer.cli.common import choose_run_decoding
 from keras_transformer.cli.common import corpus_source
 from keras_transformer.cli.common import corpus_splits
+from keras_transformer.cli.common import decoding_line
 from keras_transformer.cli.common import has_splits
 from keras_transformer.cli.common import os_error_line
 from keras_transformer.cli.common import quiet_libraries
+from keras_transformer.cli.common import run_translators
 from keras_transformer.cli.common import use_compilation_cache
 from keras_transformer.cli.common import use_xla_gpu_flags
-from keras_transformer.decoding_config import RUN_PRECISION
-from keras_transformer.decoding_config import one_beam_size
 
 # TransformerConfig fields that train sets itself: the vocabulary's size and the
 # position table's length (from --max-sentence-tokens).
@@ -510,62 +511,21 @@ def save(model, run_dir, config, step, clock, account):
     return averaged
 
 
-def run_translators(averaged, tokenizer):
-    """`{block_adjacent_repeats: Translator}` of the averaged weights, for the
-    decoding train chooses and its test BLEU: the paper's search, and one that
-    also blocks runs of words repeated right after themselves, each tracing the
-    default beam's only. They decode in the precision of a run's translations
-    (`RUN_PRECISION`), as its export and translate and evaluate --run do, whatever
-    the run trained in: a mixed-precision model's own search ranks near ties
-    otherwise, and would choose and score another decoding than theirs."""
-    from keras_transformer import serving
-
-    # One copy in that precision for both, where the run trained in another.
-    model = averaged if averaged.precision == RUN_PRECISION else averaged.with_dtype(RUN_PRECISION)
-    return {adjacent: serving.Translator(model, tokenizer, **one_beam_size(),
-                                         block_adjacent_repeats=adjacent)
-            for adjacent in (False, True)}
-
-
 def choose_decoding(translators, dev_pairs, run_dir, config, account):
     """Chooses the decoding of the run's translations (`translators`, the
-    averaged weights', by `block_adjacent_repeats`): whether to block repeats
-    (4-grams anywhere, and runs of words right after themselves), and the
-    length penalty, on the first `config.alpha_sentences` dev pairs
-    (`evaluation.choose_decoding`); records them in the run
-    (`runs.Run.write_decoding`), says so, and returns them (`{}`: the paper's,
+    averaged weights', `run_translators`) on the first `config.alpha_sentences`
+    dev pairs (`choose_run_decoding`); records it in the run
+    (`runs.Run.write_decoding`), says so, and returns it (`{}`: the paper's,
     without dev pairs to choose on)."""
-    from keras_transformer import evaluation
-
-    pairs = list(dev_pairs.take(config.alpha_sentences).as_numpy_iterator())
-    if not pairs:  # --alpha-sentences 0
+    settings, scores, sentences = choose_run_decoding(translators, dev_pairs,
+                                                      config.alpha_sentences)
+    if not sentences:  # --alpha-sentences 0
         run_dir.write_decoding(None, {}, 0)
         return {}
-    settings, scores = evaluation.choose_decoding(
-        translators[False], [(pair["source"].decode(), pair["target"].decode())
-                             for pair in pairs], blocking=translators[True])
-    run_dir.write_decoding(settings, scores, len(pairs))
+    run_dir.write_decoding(settings, scores, sentences)
     account.mark("choosing decoding")
-    print(decoding_line(settings, scores, len(pairs)), flush=True)
+    print(decoding_line(settings, scores, sentences), flush=True)
     return settings
-
-
-def decoding_line(settings, scores, sentences):
-    """What `choose_decoding` chose and why, in a line."""
-    size, alpha = settings["no_repeat_ngram_size"], settings["alpha"]
-
-    def blocking(size):
-        return (f"repeated {size}-grams and words repeated back to back blocked" if size
-                else "nothing blocked")
-
-    first_size = next(iter(scores))[0]
-    alphas = ", ".join(f"{score:.1f} at {a:.1f}" for (n, a), score in scores.items()
-                       if n == first_size)
-    others = "; ".join(f"with {blocking(n)} at {a:.1f}: {score:.1f}"
-                       for (n, a), score in scores.items() if n != first_size)
-    return (f"Decoding for this run's translations, chosen on {sentences} dev sentences: "
-            f"alpha {alpha:.1f}, {blocking(size)} (sacreBLEU with {blocking(first_size)}: {alphas}; "
-            f"{others}. Sec. 6.1's alpha 0.6 unless another scores higher)")
 
 
 def print_test_bleu(translator, test_pairs, config, decoding):
