@@ -236,18 +236,20 @@ def corpus_splits(data):
     return {"train": "train", "dev": "dev", "test": "test"}
 
 
-def corpus_split(data, split, seed, source_language=None, target_language=None):
+def corpus_split(data, split, seed, source_language=None, target_language=None,
+                 download=True):
     """The pairs of `split` ("train", "dev" or "test") of train's --data `data`,
     as train reads them: the corpus's own split (TFDS's "validation" for dev),
     or for files without '{split}' the pairs `data.hold_out` holds out of them
-    with the run's `seed`."""
+    with the run's `seed`. `download`: as for `data.load_parallel`."""
     from keras_transformer import data as corpora
 
-    languages = {"source_language": source_language, "target_language": target_language}
+    options = {"source_language": source_language, "target_language": target_language}
+    if data.startswith("tfds:"):
+        options["download"] = download
     if has_splits(data):
-        return corpora.load_parallel(corpus_source(data), corpus_splits(data)[split],
-                                     **languages)
-    splits, _ = corpora.hold_out(corpora.load_parallel(corpus_source(data), **languages), seed)
+        return corpora.load_parallel(corpus_source(data), corpus_splits(data)[split], **options)
+    splits, _ = corpora.hold_out(corpora.load_parallel(corpus_source(data), **options), seed)
     return splits[split]
 
 

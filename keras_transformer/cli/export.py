@@ -188,11 +188,11 @@ def decoding_chosen_now(run, run_config, model, tokenizer, prog):
           "chooses it as it ends): choosing it now, on its first "
           f"{training.alpha_sentences} dev pairs", flush=True)
     try:
-        dev_pairs = corpus_split(training.data, "dev", training.seed,
-                                 training.source_language, training.target_language)
+        dev_pairs = corpus_split(training.data, "dev", training.seed, training.source_language,
+                                 training.target_language, download=False)
         settings, scores, sentences = choose_run_decoding(
             run_translators(model, tokenizer), dev_pairs, training.alpha_sentences)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:  # moved, or a TFDS corpus not prepared here
         print(f"{prog}: the dev pairs of --data {training.data!r} cannot be read "
               f"({error}); the export decodes as the paper does (alpha 0.6, nothing "
               "blocked) unless --alpha and --no-repeat-ngram-size say otherwise", flush=True)

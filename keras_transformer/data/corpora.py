@@ -74,7 +74,8 @@ def load_parallel(
             one of the rules above applies. Giving one picks the other.
             Not used for files: their order is source, target.
         data_dir: TFDS data directory (TFDS's default when None).
-        download: whether TFDS may download and prepare a dataset not yet prepared.
+        download: whether TFDS may download and prepare a dataset not yet
+            prepared (else such a dataset raises FileNotFoundError).
 
     Returns:
         A `tf.data.Dataset` of `{"source": tf.string, "target": tf.string}`
@@ -258,7 +259,13 @@ def _load_tfds(name, split, source_language, target_language, data_dir, download
         text_keys, source_language, target_language,
         default=_default_direction(config, text_keys), what=f"TFDS dataset {name!r}",
     )
+    # tfds.testing.mock_data replaces download_and_prepare with a no-op: its
+    # corpora need no network, and no files.
+    mocked = type(builder).download_and_prepare.__module__.startswith(
+        "tensorflow_datasets.testing")
     # What download_and_prepare checks (is_prepared logs a warning where not).
+    if not download and not mocked and not builder.data_path.exists():
+        raise FileNotFoundError(f"'tfds:{name}' is not prepared in {builder.data_dir}")
     if download and not builder.data_path.exists():
         import requests  # TFDS downloads with it
 
@@ -272,10 +279,6 @@ def _load_tfds(name, split, source_language, target_language, data_dir, download
                 "(or $TFDS_DATA_DIR) here"
             )
 
-        # tfds.testing.mock_data replaces download_and_prepare with a no-op: its
-        # corpora need no network.
-        mocked = type(builder).download_and_prepare.__module__.startswith(
-            "tensorflow_datasets.testing")
         unreachable = None if mocked else _unreachable(builder.url_infos)
         if unreachable:
             raise failed(unreachable)

@@ -409,6 +409,22 @@ def test_an_unprepared_tfds_corpus_offline_fails_at_once_naming_the_hosts(tfds, 
     assert calls, "behind a proxy, the download was not tried"
 
 
+def test_an_unprepared_tfds_corpus_without_download_is_not_found_at_once(tfds, tmp_path,
+                                                                        monkeypatch):
+    """`download=False` (an export reading a stopped run's dev pairs, which must not
+    fetch gigabytes to choose its decoding): a corpus not prepared raises
+    FileNotFoundError naming it and where, before any download or connection."""
+    calls = _download_fails(tfds, monkeypatch)
+    network = _Network(reachable={"www.statmt.org"})
+    monkeypatch.setattr(corpora.socket, "create_connection", network)
+    with pytest.raises(FileNotFoundError) as error:
+        data.load_parallel("tfds:wmt14_translate/de-en", "validation", data_dir=str(tmp_path),
+                           download=False)
+    assert not calls and not network.tried
+    assert str(error.value) == (f"'tfds:wmt14_translate/de-en' is not prepared in "
+                                f"{tmp_path}/wmt14_translate/de-en/1.0.0")
+
+
 def test_unreachable_is_none_where_one_host_answers_or_no_url_is_known(monkeypatch):
     monkeypatch.setattr(corpora.socket, "create_connection",
                         _Network(reachable={"storage.googleapis.com"}))
