@@ -541,6 +541,47 @@ def test_translate_answers_a_pipe_or_a_terminal_line_by_line(
         "encoding, convert it first, e.g. iconv -f WINDOWS-1252 -t UTF-8\n")
 
 
+def test_translate_answering_stdin_makes_its_first_call_before_the_first_line(
+        run_dir, monkeypatch, capsys):
+    """Answering a pipe or a terminal line by line, translate makes the
+    translator's first call, seconds long (its graph optimized, or a run's
+    search traced), before the first line comes, with the same request settings:
+    while a person types it. That call's translation is not written; the lines'
+    are, in order."""
+    from keras_transformer import evaluation
+    from keras_transformer.cli import translate
+
+    read_end, write_end = os.pipe()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(os.fdopen(read_end, "rb")))
+    calls, warmed = [], threading.Event()
+
+    def translate_sentences(translator, sentences, *args, **knobs):
+        knobs.pop("first_number", None)
+        calls.append((list(sentences), knobs))
+        warmed.set()
+        return [sentence.upper() for sentence in sentences]
+
+    monkeypatch.setattr(evaluation, "translate_sentences", translate_sentences)
+    typed = []
+
+    def person():  # types the first line once the first call is made (or after 60 s)
+        typed.append(warmed.wait(60))
+        os.write(write_end, b"Jesus wept.\nAmen.\n")
+        os.close(write_end)
+
+    typing = threading.Thread(target=person)
+    typing.start()
+    capsys.readouterr()
+    assert translate.main(["--run", str(run_dir), "--beam-size", "1", "--verbose"]) == 0
+    typing.join()
+    assert typed == [True], "no call before the first line"
+    settings = {"beam_size": 1, "alpha": None, "extra_length": None,
+                "no_repeat_ngram_size": None}
+    assert calls == [([translate.WARM_UP_SENTENCE], settings),
+                     (["Jesus wept.", "Amen."], settings)]
+    assert capsys.readouterr().out == "JESUS WEPT.\nAMEN.\n"
+
+
 @pytest.mark.parametrize("command", ["translate", "evaluate", "export"])
 def test_ctrl_c_ends_a_decoding_command_without_a_stack(command, run_dir, tmp_path,
                                                          monkeypatch, capsys):
