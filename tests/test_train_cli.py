@@ -584,7 +584,10 @@ def test_a_run_stopped_by_sigterm_mid_interval_resumes_like_an_uninterrupted_one
     # At the update that batch 4 began (updates 2 of 6, checkpoints every 4).
     assert [step for step, _ in runs.Checkpoints(os.path.join(stopped, "checkpoints")).list()] == [2]
     assert terminated.stderr.strip().endswith(
-        f"stopped. The same command resumes {stopped} from step 2, where it stopped.")
+        f"stopped. The same command resumes {stopped} from step 2, where it stopped.\n"
+        f"train.py: to translate with what it learned so far: keras-transformer export --run "
+        f"{stopped} --weights checkpoints --out EXPORT (it chooses the decoding on the dev "
+        "pairs), or translate and evaluate with --run and --weights checkpoints")
 
     resumed = _train([*flags, "--out", stopped], **deterministic)
     assert resumed.returncode == 0, resumed.stderr
@@ -977,6 +980,9 @@ def test_ctrl_c_stops_at_its_step_and_says_where_the_run_resumes_without_a_stack
     # The step it stopped at is checkpointed, whether odd or even (--checkpoint-every 2).
     assert f"Ctrl-C: stopping at step {steps[-1]}, once its checkpoint is written" in stderr
     assert stderr.strip().endswith(
-        f"stopped. The same command resumes {run} from step {steps[-1]}, where it stopped.")
+        f"stopped. The same command resumes {run} from step {steps[-1]}, where it stopped.\n"
+        f"train.py: to translate with what it learned so far: keras-transformer export --run "
+        f"{run} --weights checkpoints --out EXPORT (it chooses the decoding on the dev pairs), "
+        "or translate and evaluate with --run and --weights checkpoints")
     with open(os.path.join(run, ".lock")) as lock:
         assert lock.read() == ""  # released: the next run takes it without a notice

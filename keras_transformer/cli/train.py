@@ -133,6 +133,13 @@ def stopped_by(signal_number, out, prog, step=None):
     there). Returns the exit status a shell reports for that signal, 128 + its
     number."""
     print(f"{prog}: stopped. {where_it_resumes(out, step)}", file=sys.stderr)
+    from keras_transformer import runs
+
+    if runs.Run(out).checkpoints.list():
+        print(f"{prog}: to translate with what it learned so far: keras-transformer export "
+              f"--run {out} --weights checkpoints --out EXPORT (it chooses the decoding on "
+              "the dev pairs), or translate and evaluate with --run and --weights checkpoints",
+              file=sys.stderr)
     return 128 + signal_number
 
 
