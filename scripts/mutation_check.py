@@ -167,6 +167,11 @@ MUTANTS = [
            "if lines and (len(lines) >= most or not select.select([fd], [], [], 0)[0]):",
            "if lines and len(lines) >= most:",
            ["tests/test_cli.py::test_stdin_chunks_answer_each_line_once_no_more_are_waiting"]),
+    # translate answering stdin makes the translator's first call on the first line.
+    mutant("translate-first-call-on-the-first-line", "keras_transformer/cli/translate.py",
+           "warmed_up = warm_up(translator, settings)", "warmed_up = lambda: None",
+           ["tests/test_cli.py::"
+            "test_translate_answering_stdin_makes_its_first_call_before_the_first_line"]),
     # A run's directory passed as --export: "holds no SavedModel", not which flag.
     # train chooses the decoding and scores its test BLEU in bfloat16 after a
     # mixed_bfloat16 run, while its export and --run commands decode in float32.

@@ -564,8 +564,8 @@ def test_translate_answering_stdin_makes_its_first_call_before_the_first_line(
     monkeypatch.setattr(evaluation, "translate_sentences", translate_sentences)
     typed = []
 
-    def person():  # types the first line once the first call is made (or after 60 s)
-        typed.append(warmed.wait(60))
+    def person():  # types the first line once the first call is made (or after 30 s)
+        typed.append(warmed.wait(30))
         os.write(write_end, b"Jesus wept.\nAmen.\n")
         os.close(write_end)
 
