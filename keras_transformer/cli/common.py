@@ -300,8 +300,8 @@ def add_config_flags(parser, dataclass, defaults=True, skip=()):
 
 # What a run decodes with where a flag leaves it to the run, where that is not
 # the `DecodingConfig` field's default.
-_RUN_CHOICE = ("the one chosen on its dev set as training ended (export chooses one for a run "
-               "that stopped before), else")
+_RUN_CHOICE = ("the one chosen on its dev set as training ended, or by export for a run that "
+               "stopped before; else")
 RUN_DECODING = {"alpha": f"{_RUN_CHOICE} 0.6", "no_repeat_ngram_size": f"{_RUN_CHOICE} 0",
                 "block_adjacent_repeats": f"{_RUN_CHOICE} off"}
 
