@@ -267,8 +267,9 @@ class Run:
     def decoding_chosen(self):
         """Whether the run has chosen the decoding of its translations: as it
         ended (decoding.json), or never (`alpha_sentences` 0: the paper's). Not
-        yet where it stopped before its end or is still training (or ended
-        before runs chose, 2026-11-26)."""
+        yet where it stopped before its end or is still training; nor where it
+        ended before runs chose (2026-11-26), whose own weights keep the
+        paper's decoding."""
         if os.path.exists(self.decoding_path):
             return True
         training = (self.read_config() or {}).get("training", {})

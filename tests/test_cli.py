@@ -790,7 +790,9 @@ def test_export_of_a_stopped_run_chooses_its_decoding_on_its_dev_pairs(
     (float32; the paper's search, and one that blocks words repeated back to
     back), says what it chose, and takes it where no flag says otherwise. With
     all three flags given it chooses nothing; where the dev pairs cannot be
-    read, it says so and decodes as the paper does."""
+    read, it says so and decodes as the paper does. The averaged weights of a
+    run that ended before runs chose (2026-11-26) keep the paper's decoding, as
+    its exports did (tests/test_legacy_fixture.py)."""
     from keras_transformer import data
     from keras_transformer import evaluation
     from keras_transformer.cli import export
@@ -839,6 +841,14 @@ def test_export_of_a_stopped_run_chooses_its_decoding_on_its_dev_pairs(
                      "--no-block-adjacent-repeats")
     assert len(asked) == 2 and exported[-1] == (0.7, 0, False, True)
     assert "has not chosen" not in out
+    # A run that ended before runs chose (2026-11-26): its own weights keep the paper's.
+    ended = tmp_path / "ended"
+    shutil.copytree(run_dir, ended)
+    os.remove(os.path.join(ended, "decoding.json"))
+    out = _main(export, monkeypatch, capsys, "--run", ended, "--out", tmp_path / "out2",
+                "--beam-sizes", "1", "--beam-size", "1", "--jit-compile", "off")
+    assert len(asked) == 2 and exported[-1] == (0.6, 0, False, True)
+    assert "has not chosen" not in out
     # Trained on a file that is gone since: the paper's decoding, and why.
     gone = tmp_path / "gone.tsv"
     run.write_config(runs_model_config(run), TrainingConfig(alpha_sentences=3, data=str(gone)))
@@ -862,7 +872,7 @@ def test_a_stopped_run_translated_says_it_has_not_chosen_its_decoding(
     """translate and evaluate --run of a run that stopped before its end decode
     as the paper does (they choose no decoding, which takes dev passes), and say
     so, unless --alpha and --no-repeat-ngram-size say how; of a run that chose,
-    they say nothing of it."""
+    or that ended before runs chose, they say nothing of it."""
     import importlib
 
     from keras_transformer.config import TrainingConfig
@@ -875,11 +885,14 @@ def test_a_stopped_run_translated_says_it_has_not_chosen_its_decoding(
               else ["--src", source, "--ref", source, "--no-progress"])
     translators = {"checkpoints": run_translators["averaged"], **run_translators}
     _load_runs_as(monkeypatch, lambda run, model, tokenizer, **options: translators[model])
+    ended = tmp_path / "ended"  # a run that ended before runs chose (2026-11-26)
+    shutil.copytree(run_dir, ended)
+    os.remove(os.path.join(ended, "decoding.json"))
     said = []
     for run, weights, flags in [
             (stopped, "checkpoints", []), (stopped, "checkpoints", ["--alpha", "1.0"]),
             (stopped, "checkpoints", ["--alpha", "1.0", "--no-repeat-ngram-size", "0"]),
-            (run_dir, "averaged", [])]:
+            (run_dir, "averaged", []), (ended, "averaged", [])]:
         assert module.main([*map(str, ["--run", run, "--weights", weights, *corpus, *flags,
                                        "--output", tmp_path / "out.txt"])]) == 0
         said.append(capsys.readouterr().err)
@@ -888,7 +901,7 @@ def test_a_stopped_run_translated_says_it_has_not_chosen_its_decoding(
             "paper does, alpha 0.6 with nothing blocked, unless --alpha and "
             "--no-repeat-ngram-size say otherwise; its export chooses it\n")
     # With --alpha alone, --no-repeat-ngram-size is still the run's.
-    assert said == [note, note, "", ""]
+    assert said == [note, note, "", "", ""]
 
 
 def test_evaluate_reads_corpora_as_train_does(tmp_path):

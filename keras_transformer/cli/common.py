@@ -118,7 +118,8 @@ def load_command_translator(args, prog):
     run = runs.Run(args.run)
     model, tokenizer, run_config = run.load(args.weights)
     say_checkpoints(prog, args.run, run_config, file=sys.stderr)  # stdout: the output
-    if not run.decoding_chosen() and (args.alpha is None or args.no_repeat_ngram_size is None):
+    unchosen = args.weights == "checkpoints" and not run.decoding_chosen()
+    if unchosen and (args.alpha is None or args.no_repeat_ngram_size is None):
         print(f"{prog}: {args.run} has not chosen the decoding of its translations (a run "
               "chooses it on its dev set as it ends): this decodes as the paper does, alpha "
               "0.6 with nothing blocked, unless --alpha and --no-repeat-ngram-size say "

@@ -118,8 +118,11 @@ def main(argv=None, prog=PROG):
         if args.format == "ctranslate2":
             return export_ctranslate2(model, tokenizer, args, prog)
         chosen = run.decoding_settings()  # what the run chose on its dev set
-        if not run.decoding_chosen() and any(getattr(args, name) is None
-                                             for name in RUN_CHOSEN):
+        # A run that stopped before its end (or is still training) has chosen none; a
+        # run's own weights (averaged, final) keep what it chose, the paper's for runs
+        # that ended before runs chose (2026-11-26), as their exports did.
+        if args.weights == "checkpoints" and not run.decoding_chosen() and any(
+                getattr(args, name) is None for name in RUN_CHOSEN):
             chosen = decoding_chosen_now(run, run_config, model, tokenizer, prog)
         if args.ids_only and chosen.pop("block_adjacent_repeats", False):
             print(f"{prog}: the run blocks words repeated back to back, which an --ids-only "
