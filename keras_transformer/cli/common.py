@@ -245,9 +245,8 @@ def corpus_split(data, split, seed, source_language=None, target_language=None,
     with the run's `seed`. `download`: as for `data.load_parallel`."""
     from keras_transformer import data as corpora
 
-    options = {"source_language": source_language, "target_language": target_language}
-    if data.startswith("tfds:"):
-        options["download"] = download
+    options = {"source_language": source_language, "target_language": target_language,
+               "download": download}
     if has_splits(data):
         return corpora.load_parallel(corpus_source(data), corpus_splits(data)[split], **options)
     splits, _ = corpora.hold_out(corpora.load_parallel(corpus_source(data), **options), seed)
