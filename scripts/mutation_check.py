@@ -193,6 +193,11 @@ MUTANTS = [
            "roles[left_out] = -1", "pass",
            ["tests/data/test_corpora.py::"
             "test_hold_out_draws_dev_and_test_with_the_seed_and_keeps_their_sources_out_of_train"]),
+    # A TFDS run's dev pairs asked for as "dev", a split TFDS does not have.
+    mutant("tfds-dev-split-unnamed", "keras_transformer/cli/common.py",
+           "return {split: corpora.load_parallel(source, names.get(split, split), **options)",
+           "return {split: corpora.load_parallel(source, split, **options)",
+           ["tests/test_train_cli.py::test_read_splits_reads_each_split_as_the_corpus_holds_it"]),
     mutant("stopped-run-checkpoints-not-averaged", "keras_transformer/runs.py",
            "steps = self.average_newest_checkpoints(model, training.average_last)",
            "steps = self.average_newest_checkpoints(model, 1)",

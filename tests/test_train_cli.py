@@ -218,7 +218,8 @@ def test_files_without_splits_hold_out_dev_and_test_pairs_as_the_seed_draws(tmp_
     for seed, test_sentences in ((3, 500), (4, 0)):
         splits = train.load_splits(TrainingConfig(data=files, seed=seed,
                                                   test_sentences=test_sentences))
-        expected, left_out = data.hold_out(data.load_parallel(train.corpus_source(files)), seed)
+        expected, left_out = data.hold_out(
+            data.load_parallel((f"{corpus}/all.en", f"{corpus}/all.es")), seed)
         assert capsys.readouterr().out == (
             f"Held out 5 dev and 5 test pairs of --data {files!r} (seed {seed}); left out "
             f"{left_out} training pairs whose source is one of theirs.\n")
@@ -899,27 +900,42 @@ def test_a_second_run_and_a_resumed_one_load_what_xla_compiled(tmp_path):
     assert len(list(cache.glob("xla_compile_cache_*.pb"))) == compiled
 
 
-def test_corpus_split_reads_each_split_as_train_does(tmp_path, capsys):
-    """`common.corpus_split`, with which export reads a stopped run's dev pairs,
-    gives each split that train reads (`train.load_splits`): the bundled corpus's,
-    those of files with '{split}', and those held out of files without one with
-    the run's seed (another seed draws others)."""
+def test_read_splits_reads_each_split_as_the_corpus_holds_it(tmp_path, monkeypatch):
+    """`common.read_splits`, with which train, export and evaluate read a run's
+    splits: the bundled corpus's own, those of files with '{split}', those held
+    out of files without one with the run's seed (another seed draws others;
+    `data.hold_out` as reference), and TFDS's "validation" for dev."""
     from keras_transformer.cli import common
 
     def listed(pairs):
         return [(p["source"].decode(), p["target"].decode()) for p in pairs.as_numpy_iterator()]
 
+    for split in ("dev", "test"):
+        assert listed(common.corpus_split("bundled", split, 0)) == listed(
+            data.load_parallel("bundled", split))
     for split in ("train", "dev", "test"):
         (tmp_path / f"{split}.tsv").write_text(f"{split} one\tuno\n{split} two\tdos\n")
+    splits, left_out = common.read_splits(str(tmp_path / "{split}.tsv"), ("train", "test"), 0)
+    assert left_out is None and sorted(splits) == ["test", "train"]
+    assert listed(splits["test"]) == [("test one", "uno"), ("test two", "dos")]
     whole = tmp_path / "whole.tsv"
-    whole.write_text("".join(f"line {i}\tlínea {i}\n" for i in range(120)))
-    for corpus, seed in (("bundled", 0), (str(tmp_path / "{split}.tsv"), 0),
-                         (str(whole), 3)):
-        splits = train.load_splits(TrainingConfig(data=corpus, seed=seed))
-        for split in ("dev", "test") if corpus == "bundled" else ("train", "dev", "test"):
-            assert listed(common.corpus_split(corpus, split, seed)) == listed(splits[split])
-    assert listed(common.corpus_split(str(whole), "dev", 4)) != listed(splits["dev"])
-    capsys.readouterr()
+    whole.write_text("".join(f"line {i % 110}\tlínea {i}\n" for i in range(120)))
+    held, held_left_out = data.hold_out(data.load_parallel(str(whole)), 3)
+    splits, left_out = common.read_splits(str(whole), ("train", "dev", "test"), 3)
+    assert left_out == held_left_out > 0
+    for split in ("train", "dev", "test"):
+        assert listed(splits[split]) == listed(held[split]), split
+    assert listed(common.corpus_split(str(whole), "dev", 4)) != listed(held["dev"])
+    with pytest.raises(ValueError, match=r"--split validation: the run held dev and test "
+                                         r"pairs out of --data '.*whole.tsv'; pass dev or test"):
+        common.corpus_split(str(whole), "validation", 3)
+    asked = []
+    monkeypatch.setattr(data, "load_parallel", lambda source, split, **options: asked.append(
+        (source, split, options["download"])))
+    for split in ("dev", "test", "test[:10%]"):
+        common.corpus_split("tfds:wmt14_translate/de-en", split, 0, download=False)
+    assert asked == [("tfds:wmt14_translate/de-en", name, False)
+                     for name in ("validation", "test", "test[:10%]")]
 
 
 def test_pairs_left_out_for_their_length_are_counted_before_training(tokenizer, capsys):

@@ -237,20 +237,39 @@ def corpus_splits(data):
     return {"train": "train", "dev": "dev", "test": "test"}
 
 
-def corpus_split(data, split, seed, source_language=None, target_language=None,
-                 download=True):
-    """The pairs of `split` ("train", "dev" or "test") of train's --data `data`,
-    as train reads them: the corpus's own split (TFDS's "validation" for dev),
-    or for files without '{split}' the pairs `data.hold_out` holds out of them
-    with the run's `seed`. `download`: as for `data.load_parallel`."""
+def read_splits(data, splits, seed, source_language=None, target_language=None,
+                download=True):
+    """`(pairs, left_out)`: `{split: pairs}` for each of `splits` of train's --data
+    `data`, as train reads them, and how many training pairs were left out (None
+    for a corpus with splits of its own). A corpus with splits gives its own
+    ("train", "dev" and "test" by train's names, TFDS's "validation" for dev; any
+    other name as it is); files without '{split}' give the pairs `data.hold_out`
+    holds out of them with the run's `seed` (read once for all; another name is
+    a ValueError worded for evaluate's --split). `download`: as for
+    `data.load_parallel`."""
     from keras_transformer import data as corpora
 
     options = {"source_language": source_language, "target_language": target_language,
                "download": download}
+    source = corpus_source(data)
     if has_splits(data):
-        return corpora.load_parallel(corpus_source(data), corpus_splits(data)[split], **options)
-    splits, _ = corpora.hold_out(corpora.load_parallel(corpus_source(data), **options), seed)
-    return splits[split]
+        names = corpus_splits(data)
+        return {split: corpora.load_parallel(source, names.get(split, split), **options)
+                for split in splits}, None
+    held, left_out = corpora.hold_out(corpora.load_parallel(source, **options), seed)
+    unknown = [split for split in splits if split not in held]
+    if unknown:
+        raise ValueError(f"--split {unknown[0]}: the run held dev and test pairs out of "
+                         f"--data {data!r}; pass dev or test (or train)")
+    return {split: held[split] for split in splits}, left_out
+
+
+def corpus_split(data, split, seed, source_language=None, target_language=None,
+                 download=True):
+    """The pairs of one split of train's --data `data`, as train reads them
+    (`read_splits`)."""
+    pairs, _ = read_splits(data, [split], seed, source_language, target_language, download)
+    return pairs[split]
 
 
 # What train reads each split's files for, and what to do without them.

@@ -20,6 +20,8 @@ from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import add_translator_flags
 from keras_transformer.cli.common import check_translator_flags
 from keras_transformer.cli.common import corpus_source
+from keras_transformer.cli.common import corpus_split
+from keras_transformer.cli.common import has_splits
 from keras_transformer.cli.common import is_named_corpus
 from keras_transformer.cli.common import load_command_translator
 from keras_transformer.cli.common import os_error_line
@@ -70,7 +72,8 @@ def parse_args(argv, prog=PROG):
 
 def load_pairs(args):
     """The pairs to score: --src and --ref, --test's --split, or without --test
-    that split of the corpus the run trained on (`trained_corpus`)."""
+    that split of the corpus the run trained on (`trained_corpus`), as train read
+    it (`read_splits`)."""
     from keras_transformer import data
 
     if args.src is not None:
@@ -79,28 +82,21 @@ def load_pairs(args):
                                   "target_language": args.target_language}
     trained = trained_corpus(args) if test is None else None
     if trained is not None:
-        test, seed = trained.pop("data"), trained.pop("seed")
+        corpus, seed = trained.pop("data"), trained.pop("seed")
         if languages == dict.fromkeys(languages):  # none given: the run's direction
             languages = trained
+        try:
+            return corpus_split(corpus, args.split, seed, **languages)
+        except FileNotFoundError as error:
+            raise FileNotFoundError(f"{error}: the {args.split} split of the corpus the run "
+                                    f"trained on (--data {corpus!r}); pass --test to score "
+                                    "another") from error
     test = test or "bundled"
     source = corpus_source(test)
     if is_named_corpus(test):
         return data.load_parallel(source, args.split, **languages)
-    try:
-        if "{split}" in test:  # as train's --data: 'corpus/{split}.tsv.gz'
-            return data.load_parallel(source, args.split)
-        if trained is not None:  # files without splits: the pairs train held out of them
-            splits, _ = data.hold_out(data.load_parallel(source), seed)
-            if args.split not in splits:
-                raise ValueError(f"--split {args.split}: the run held dev and test pairs out "
-                                 f"of --data {test!r}; pass dev or test (or train)")
-            return splits[args.split]
-    except FileNotFoundError as error:
-        if trained is None:
-            raise
-        raise FileNotFoundError(f"{error}: the {args.split} split of the corpus the run "
-                                f"trained on (--data {test!r}); pass --test to score "
-                                "another") from error
+    if has_splits(test):  # as train's --data: 'corpus/{split}.tsv.gz'
+        return data.load_parallel(source, args.split)
     if not all(map(os.path.isfile, source if isinstance(source, tuple) else [source])):
         raise FileNotFoundError(
             f"--test {test} is neither 'bundled', 'tfds:NAME' nor existing files"

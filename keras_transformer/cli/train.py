@@ -28,12 +28,10 @@ from keras_transformer.cli.common import add_config_flags
 from keras_transformer.cli.common import as_flags
 from keras_transformer.cli.common import check_corpus_files
 from keras_transformer.cli.common import choose_run_decoding
-from keras_transformer.cli.common import corpus_source
-from keras_transformer.cli.common import corpus_splits
 from keras_transformer.cli.common import decoding_line
-from keras_transformer.cli.common import has_splits
 from keras_transformer.cli.common import os_error_line
 from keras_transformer.cli.common import quiet_libraries
+from keras_transformer.cli.common import read_splits
 from keras_transformer.cli.common import run_translators
 from keras_transformer.cli.common import use_compilation_cache
 from keras_transformer.cli.common import use_xla_gpu_flags
@@ -331,24 +329,14 @@ def load_splits(config):
     None without `config.test_sentences`): a corpus's own splits, or those held
     out of files without '{split}' (`data.hold_out`, with `config.seed`: the same
     on resuming), which it says."""
-    from keras_transformer import data
-
-    source = corpus_source(config.data)
-    if not has_splits(config.data):
-        splits, left_out = data.hold_out(
-            data.load_parallel(source, source_language=config.source_language,
-                               target_language=config.target_language), config.seed)
+    splits, left_out = read_splits(config.data, used_splits(config), config.seed,
+                                   config.source_language, config.target_language)
+    if left_out is not None:
         held = int(splits["dev"].cardinality())
         print(f"Held out {held} dev and {held} test pairs of --data {config.data!r} (seed "
               f"{config.seed}); left out {left_out} training pairs whose source is one of "
               "theirs.", flush=True)
-    else:
-        names = corpus_splits(config.data)
-        splits = {split: data.load_parallel(source, names[split],
-                                            source_language=config.source_language,
-                                            target_language=config.target_language)
-                  for split in used_splits(config)}
-    return {**splits, "test": splits["test"] if config.test_sentences else None}
+    return {"test": None, **splits}
 
 
 def build_model(run_dir, model_config, config, strategy):
