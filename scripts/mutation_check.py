@@ -198,6 +198,12 @@ MUTANTS = [
            "return {split: corpora.load_parallel(source, names.get(split, split), **options)",
            "return {split: corpora.load_parallel(source, split, **options)",
            ["tests/test_train_cli.py::test_read_splits_reads_each_split_as_the_corpus_holds_it"]),
+    # Too small a --vocab-size: the library's argument name, not the flag.
+    mutant("vocab-size-error-in-library-words", "keras_transformer/cli/train.py",
+           'raise ValueError(as_flags(error, ["vocab_size"], ("SubwordTokenizer.train",))) '
+           "from None", "raise",
+           ["tests/test_train_cli.py::"
+            "test_too_small_a_vocabulary_names_the_flag_and_the_size_that_fits"]),
     mutant("stopped-run-checkpoints-not-averaged", "keras_transformer/runs.py",
            "steps = self.average_newest_checkpoints(model, training.average_last)",
            "steps = self.average_newest_checkpoints(model, 1)",

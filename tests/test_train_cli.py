@@ -204,6 +204,26 @@ def test_the_dev_and_test_files_are_checked_before_training(tmp_path, capsys):
         "align line by line")
 
 
+def test_too_small_a_vocabulary_names_the_flag_and_the_size_that_fits(tmp_path, capsys):
+    """--vocab-size above the fixed minimum but below what the corpus's characters
+    need: one line naming the flag and the size that fits, and nothing written
+    but the run's lock (the same command with that size starts afresh)."""
+    for split in ("train", "dev", "test"):
+        (tmp_path / f"{split}.tsv").write_text("abc def\tfed cba\nghij\tjihg\n",
+                                               encoding="utf-8")
+    needed = len(set("abcdefghij")) + 1 + 4 + 256  # characters, word boundary, ids
+    run = tmp_path / "run"
+    assert train.main(["--data", str(tmp_path / "{split}.tsv"), "--model", "tiny",
+                       "--steps", "1", "--vocab-size", str(needed - 1),
+                       "--out", str(run)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"keras-transformer train: --vocab-size={needed - 1} is too small for this text: a "
+        f"piece for each of its {needed - 260} characters and the 260 reserved and byte ids "
+        f"take {needed} before any subword. Pass --vocab-size={needed} or more (thousands is "
+        "usual).")
+    assert [path.name for path in run.iterdir()] == [".lock"]
+
+
 def test_files_without_splits_hold_out_dev_and_test_pairs_as_the_seed_draws(tmp_path, capsys):
     """--data of files without '{split}': train holds dev and test pairs out of them
     (`data.hold_out` with --seed), says how many, and trains on the rest."""

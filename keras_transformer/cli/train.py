@@ -178,8 +178,11 @@ def run(args, fields, model_overrides, explicit, start, prog=PROG):
     train_pairs, dev_pairs, test_pairs = (splits[name] for name in ("train", "dev", "test"))
     if chief:  # one trainer per run directory, once the flags and data are checked
         run_dir.lock()
-    tokenizer = run_dir.load_vocabulary(  # the other workers wait for the chief's
-        train_pairs, config, chief, lambda: distributed.same_on_all_workers(strategy, 0))
+    try:
+        tokenizer = run_dir.load_vocabulary(  # the other workers wait for the chief's
+            train_pairs, config, chief, lambda: distributed.same_on_all_workers(strategy, 0))
+    except ValueError as error:  # too small a --vocab-size for the corpus's characters
+        raise ValueError(as_flags(error, ["vocab_size"], ("SubwordTokenizer.train",))) from None
     model_config = dataclasses.replace(model_config, vocab_size=tokenizer.vocab_size)
     run_configs.check_same_model(args.out, saved, model_config)
     if chief and saved is None:

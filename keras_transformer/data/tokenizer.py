@@ -11,6 +11,7 @@ import io
 import json
 import os
 import random
+import re
 import tempfile
 
 import sentencepiece
@@ -217,11 +218,23 @@ class SubwordTokenizer(tf.Module):
                     minloglevel=2,
                 )
             except RuntimeError as error:
+                required = _required_vocab_size(error)
+                if required is None:
+                    raise ValueError(
+                        f"SubwordTokenizer.train could not learn a vocabulary of vocab_size="
+                        f"{vocab_size} from {len(sentences)} sentences. sentencepiece says: "
+                        f"{error}"
+                    ) from error
+                ids = minimum - 1
+                characters = (f"{required - ids} characters" if character_coverage >= 1 else
+                              f"{required - ids} most frequent characters (those that make "
+                              f"up {character_coverage * 100:g}% of it)")
                 raise ValueError(
-                    f"SubwordTokenizer.train could not learn a vocabulary of vocab_size="
-                    f"{vocab_size} from {len(sentences)} sentences. sentencepiece says: "
-                    f"{error}"
-                ) from error
+                    f"SubwordTokenizer.train: vocab_size={vocab_size} is too small for this "
+                    f"text: a piece for each of its {characters} and the {ids} reserved "
+                    f"{'and byte ' if byte_fallback else ''}ids take {required} before any "
+                    f"subword. Pass vocab_size={required} or more (thousands is usual)."
+                ) from None
         return cls(_without_machine_settings(model.getvalue()), Casing.learn(sentences))
 
     def tokenize(self, texts):
@@ -381,6 +394,15 @@ def _unbatched_numpy(dataset):
             yield from zip(*block)
         else:
             yield from block
+
+
+def _required_vocab_size(error):
+    """The vocabulary size that sentencepiece's trainer says the text needs at
+    the least (its single characters and the reserved ids), where `error` says
+    the vocab_size asked is below it; else None."""
+    found = re.search(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)",
+                      str(error))
+    return int(found.group(1)) if found else None
 
 
 def _sample(sentences, max_sentences, seed):

@@ -203,12 +203,28 @@ def test_max_sentences_samples_deterministically():
         ({"model_type": "word"}, "model_type must be 'bpe' or 'unigram'"),
         ({"normalization_rule_name": "nfd"}, "normalization_rule_name must be one of nfc, identity"),
         ({"max_sentences": 0}, "max_sentences must be positive"),
-        ({"vocab_size": 262}, "could not learn a vocabulary of vocab_size=262"),
     ],
 )
 def test_training_arguments_are_checked(kwargs, message):
     with pytest.raises(ValueError, match=message):
         data.SubwordTokenizer.train(SENTENCES * 10, **kwargs)
+
+
+def test_too_small_a_vocabulary_for_the_texts_characters_says_the_size_that_fits():
+    """A vocab_size above the fixed minimum but below what the text's characters
+    need: the size they need (each distinct character, the word-boundary piece,
+    4 reserved and 256 byte ids), which then trains; not sentencepiece's advice of
+    a '--character_coverage option' that this package has no flag for."""
+    texts = ["abc def", "fed cba ghij"]
+    needed = len(set("".join(texts)) - {" "}) + 1 + 4 + 256
+    with pytest.raises(ValueError) as raised:
+        data.SubwordTokenizer.train(texts, vocab_size=needed - 1)
+    assert str(raised.value) == (
+        f"SubwordTokenizer.train: vocab_size={needed - 1} is too small for this text: a "
+        f"piece for each of its {needed - 260} characters and the 260 reserved and byte ids "
+        f"take {needed} before any subword. Pass vocab_size={needed} or more (thousands is "
+        "usual).")
+    assert data.SubwordTokenizer.train(texts, vocab_size=needed).vocab_size == needed
 
 
 def test_training_on_nothing_is_an_error():
