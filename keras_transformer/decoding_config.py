@@ -35,6 +35,8 @@ DEFAULT_BEAM_SIZES = (1, 2, 4, 8)
 PAPER_BEAM_SIZE = 4
 PAPER_ALPHA = 0.6
 PAPER_EXTRA_LENGTH = 50
+# The paper's decoding as messages name it, where a run has chosen none.
+PAPER_DECODING = f"alpha {PAPER_ALPHA}, nothing blocked"
 # The settings a request may give (a signature's optional inputs, the flags of
 # translate and evaluate); the others are fixed when the translator is built.
 # Their dtypes are the signatures' (`serving.KNOB_SPECS`) and a caller's tensors'.

@@ -23,6 +23,7 @@ from keras_transformer import durable
 from keras_transformer.config import TrainingConfig
 from keras_transformer.config import TransformerConfig
 from keras_transformer.data import SubwordTokenizer
+from keras_transformer.decoding_config import PAPER_DECODING
 from keras_transformer.model import build_transformer
 from keras_transformer.run_files import AVERAGED_WEIGHTS
 from keras_transformer.run_files import CHECKPOINT_PATTERN
@@ -289,8 +290,7 @@ class Run:
                 or not isinstance(size, int) or size < 0:
             raise ValueError(f"{self.decoding_path} needs a number \"alpha\" (and an int "
                              "\"no_repeat_ngram_size\" >= 0, if any); remove the file to "
-                             "translate with the paper's decoding (alpha 0.6, no n-gram "
-                             "blocked)")
+                             f"translate with the paper's decoding ({PAPER_DECODING})")
         adjacent = values.get("block_adjacent_repeats", False)
         if not isinstance(adjacent, bool):
             raise ValueError(f"{self.decoding_path}: \"block_adjacent_repeats\" must be true "

@@ -898,7 +898,7 @@ def test_a_stopped_run_translated_says_it_has_not_chosen_its_decoding(
         said.append(capsys.readouterr().err)
     note = (f"keras-transformer {command}: {stopped} has not chosen the decoding of its "
             "translations (a run chooses it on its dev set as it ends): this decodes as the "
-            "paper does, alpha 0.6 with nothing blocked, unless --alpha and "
+            "paper does (alpha 0.6, nothing blocked) unless --alpha and "
             "--no-repeat-ngram-size say otherwise; its export chooses it\n")
     # With --alpha alone, --no-repeat-ngram-size is still the run's.
     assert said == [note, note, "", "", ""]

@@ -18,6 +18,8 @@ import warnings
 
 from keras_transformer import export_files
 from keras_transformer import run_files
+from keras_transformer.decoding_config import PAPER_ALPHA
+from keras_transformer.decoding_config import PAPER_DECODING
 from keras_transformer.durable import FULL
 from keras_transformer.durable import write_atomically
 
@@ -121,8 +123,8 @@ def load_command_translator(args, prog):
     unchosen = args.weights == "checkpoints" and not run.decoding_chosen()
     if unchosen and (args.alpha is None or args.no_repeat_ngram_size is None):
         print(f"{prog}: {args.run} has not chosen the decoding of its translations (a run "
-              "chooses it on its dev set as it ends): this decodes as the paper does, alpha "
-              "0.6 with nothing blocked, unless --alpha and --no-repeat-ngram-size say "
+              f"chooses it on its dev set as it ends): this decodes as the paper does "
+              f"({PAPER_DECODING}) unless --alpha and --no-repeat-ngram-size say "
               "otherwise; its export chooses it", file=sys.stderr, flush=True)
     return loading.run_translator(run, model, tokenizer, **one_beam_size(args.beam_size))
 
@@ -321,7 +323,7 @@ def add_config_flags(parser, dataclass, defaults=True, skip=()):
 # the `DecodingConfig` field's default.
 _RUN_CHOICE = ("the one chosen on its dev set as training ended, or by export for a run that "
                "stopped before; else")
-RUN_DECODING = {"alpha": f"{_RUN_CHOICE} 0.6", "no_repeat_ngram_size": f"{_RUN_CHOICE} 0",
+RUN_DECODING = {"alpha": f"{_RUN_CHOICE} {PAPER_ALPHA}", "no_repeat_ngram_size": f"{_RUN_CHOICE} 0",
                 "block_adjacent_repeats": f"{_RUN_CHOICE} off"}
 
 
@@ -378,7 +380,7 @@ def decoding_line(settings, scores, sentences, whose="this run's"):
                        for (n, a), score in scores.items() if n != first_size)
     return (f"Decoding for {whose} translations, chosen on {sentences} dev sentences: "
             f"alpha {alpha:.1f}, {blocking(size)} (sacreBLEU with {blocking(first_size)}: "
-            f"{alphas}; {others}. Sec. 6.1's alpha 0.6 unless another scores higher)")
+            f"{alphas}; {others}. Sec. 6.1's alpha {PAPER_ALPHA} unless another scores higher)")
 
 
 # --weights, of export and of --run: a run's weights (`run_files.WEIGHT_CHOICES`).

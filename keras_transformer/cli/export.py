@@ -31,6 +31,7 @@ from keras_transformer.cli.common import run_translators
 from keras_transformer.cli.common import say_checkpoints
 from keras_transformer.cli.common import start_decoding
 from keras_transformer.ctranslate2_model import QUANTIZATIONS
+from keras_transformer.decoding_config import PAPER_DECODING
 from keras_transformer.decoding_config import REQUEST_SETTINGS
 from keras_transformer.decoding_config import RUN_PRECISION
 
@@ -197,8 +198,8 @@ def decoding_chosen_now(run, run_config, model, tokenizer, prog):
             run_translators(model, tokenizer), dev_pairs, training.alpha_sentences)
     except (ValueError, OSError) as error:  # moved, or a TFDS corpus not prepared here
         print(f"{prog}: the dev pairs of --data {training.data!r} cannot be read "
-              f"({error}); the export decodes as the paper does (alpha 0.6, nothing "
-              "blocked) unless --alpha and --no-repeat-ngram-size say otherwise", flush=True)
+              f"({error}); the export decodes as the paper does ({PAPER_DECODING}) unless "
+              "--alpha and --no-repeat-ngram-size say otherwise", flush=True)
         return {}
     if sentences:
         line = decoding_line(settings, scores, sentences, whose="this export's")
