@@ -204,6 +204,12 @@ MUTANTS = [
            "from None", "raise",
            ["tests/test_train_cli.py::"
             "test_too_small_a_vocabulary_names_the_flag_and_the_size_that_fits"]),
+    # The decoding commands optimize each search's graph on its first call (seconds).
+    mutant("decoding-graphs-optimized", "keras_transformer/cli/common.py",
+           'tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})',
+           "pass",
+           ["tests/test_cli.py::"
+            "test_decoding_commands_run_without_the_graph_optimizer_and_restore_it"]),
     mutant("stopped-run-checkpoints-not-averaged", "keras_transformer/runs.py",
            "steps = self.average_newest_checkpoints(model, training.average_last)",
            "steps = self.average_newest_checkpoints(model, 1)",

@@ -19,6 +19,7 @@ from keras_transformer import export_files
 from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import add_translator_flags
 from keras_transformer.cli.common import check_translator_flags
+from keras_transformer.cli.common import graph_optimizer_off
 from keras_transformer.cli.common import corpus_source
 from keras_transformer.cli.common import corpus_split
 from keras_transformer.cli.common import has_splits
@@ -127,18 +128,19 @@ def main(argv=None, prog=PROG):
     start_decoding(args.verbose, parallel_searches(args.export, args.run))
     from keras_transformer import evaluation
 
-    try:
-        pairs = load_pairs(args)
-        translator = load_command_translator(args, prog)
-        result = evaluation.evaluate(
-            translator, pairs, args.batch_size, args.progress, limit=args.limit,
-            **{name: getattr(args, name) for name in REQUEST_SETTINGS},
-        )
-    except (ValueError, FileNotFoundError) as error:
-        print(f"{prog}: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # Ctrl-C: no stack
-        return 130
+    with graph_optimizer_off():
+        try:
+            pairs = load_pairs(args)
+            translator = load_command_translator(args, prog)
+            result = evaluation.evaluate(
+                translator, pairs, args.batch_size, args.progress, limit=args.limit,
+                **{name: getattr(args, name) for name in REQUEST_SETTINGS},
+            )
+        except (ValueError, FileNotFoundError) as error:
+            print(f"{prog}: {error}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:  # Ctrl-C: no stack
+            return 130
     hypotheses = result.pop("hypotheses")
     if args.output:
         try:

@@ -28,6 +28,7 @@ import threading
 from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import add_translator_flags
 from keras_transformer.cli.common import check_translator_flags
+from keras_transformer.cli.common import graph_optimizer_off
 from keras_transformer.cli.common import load_command_translator
 from keras_transformer.cli.common import os_error_line
 from keras_transformer.cli.common import parallel_searches
@@ -180,38 +181,39 @@ def main(argv=None, prog=PROG):
 
     settings = {name: getattr(args, name) for name in REQUEST_SETTINGS}
     streaming = streams(args)
-    try:
-        lines, not_utf8 = (None, []) if streaming else read_lines(args.input)
-        if not_utf8:
-            print(f"{prog}: {not_utf8_warning(args.input, not_utf8, len(lines))}",
-                  file=sys.stderr, flush=True)
-        translator = load_command_translator(args, prog)
-        if streaming:
-            warmed_up = warm_up(translator, settings)
-            if sys.stdin.isatty():
-                print(f"{prog}: type a sentence and press Enter; Ctrl-D ends",
+    with graph_optimizer_off():
+        try:
+            lines, not_utf8 = (None, []) if streaming else read_lines(args.input)
+            if not_utf8:
+                print(f"{prog}: {not_utf8_warning(args.input, not_utf8, len(lines))}",
                       file=sys.stderr, flush=True)
-            answered = 0
-            def first_not_utf8(number):
-                print(f"{prog}: {streamed_not_utf8_warning(number)}", file=sys.stderr,
-                      flush=True)
+            translator = load_command_translator(args, prog)
+            if streaming:
+                warmed_up = warm_up(translator, settings)
+                if sys.stdin.isatty():
+                    print(f"{prog}: type a sentence and press Enter; Ctrl-D ends",
+                          file=sys.stderr, flush=True)
+                answered = 0
+                def first_not_utf8(number):
+                    print(f"{prog}: {streamed_not_utf8_warning(number)}", file=sys.stderr,
+                          flush=True)
 
-            for chunk in stdin_chunks(sys.stdin.buffer, CHUNK_LINES, first_not_utf8):
-                warmed_up()  # one call at a time
-                write_lines("-", evaluation.translate_sentences(
-                    translator, chunk, args.batch_size, first_number=answered + 1,
-                    **settings))
-                answered += len(chunk)
-            return 0
-        translations = evaluation.translate_sentences(
-            translator, lines, args.batch_size, progress=args.progress, **settings)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"{prog}: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # Ctrl-C: what was answered stays answered
-        return 130
-    except BrokenPipeError:
-        return stdout_closed()
+                for chunk in stdin_chunks(sys.stdin.buffer, CHUNK_LINES, first_not_utf8):
+                    warmed_up()  # one call at a time
+                    write_lines("-", evaluation.translate_sentences(
+                        translator, chunk, args.batch_size, first_number=answered + 1,
+                        **settings))
+                    answered += len(chunk)
+                return 0
+            translations = evaluation.translate_sentences(
+                translator, lines, args.batch_size, progress=args.progress, **settings)
+        except (ValueError, FileNotFoundError) as error:
+            print(f"{prog}: {error}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:  # Ctrl-C: what was answered stays answered
+            return 130
+        except BrokenPipeError:
+            return stdout_closed()
     try:
         write_lines(args.output, translations)
     except BrokenPipeError:
