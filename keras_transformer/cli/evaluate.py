@@ -19,9 +19,9 @@ from keras_transformer import export_files
 from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import add_translator_flags
 from keras_transformer.cli.common import check_translator_flags
-from keras_transformer.cli.common import graph_optimizer_off
 from keras_transformer.cli.common import corpus_source
 from keras_transformer.cli.common import corpus_split
+from keras_transformer.cli.common import graph_optimizer_off
 from keras_transformer.cli.common import has_splits
 from keras_transformer.cli.common import is_named_corpus
 from keras_transformer.cli.common import load_command_translator
