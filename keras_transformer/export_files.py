@@ -1,5 +1,7 @@
 """Where an export keeps what: its version directories and the settings it
-recorded (`saved_model.export_translator` writes them).
+recorded (`saved_model.export_translator` writes them), or, for a CTranslate2
+export (`ctranslate2_model.export_ctranslate2`), its one directory and the
+settings beside CTranslate2's model.
 
 Imports no TensorFlow: the decoding commands read an export's settings before
 TensorFlow starts (`cli.common.start_decoding`).
@@ -12,6 +14,10 @@ import os
 # settings, and TF Serving's warm-up requests.
 CONFIG_FILENAME = "config.json"
 WARMUP_FILENAME = "tf_serving_warmup_requests"
+# A CTranslate2 export's model, and our settings beside it (the model, the weights'
+# type, "translator" and "run" as a SavedModel export's config.json has them).
+CTRANSLATE2_MODEL = "model.bin"
+CTRANSLATE2_SETTINGS = "keras_transformer.json"
 
 
 def version_directory(path):
@@ -32,11 +38,19 @@ def version_directory(path):
 
 
 def is_export(path):
-    """Whether `path` is an export's directory: a SavedModel, or numbered
-    versions of one."""
+    """Whether `path` is an export's directory: a SavedModel, numbered versions
+    of one, or a CTranslate2 export."""
     path = os.fspath(path)
     return os.path.isdir(path) and (
-        os.path.exists(os.path.join(path, "saved_model.pb")) or bool(_versions(path)))
+        os.path.exists(os.path.join(path, "saved_model.pb")) or bool(_versions(path))
+        or is_ctranslate2_export(path))
+
+
+def is_ctranslate2_export(path):
+    """Whether `path` is a CTranslate2 export's directory: CTranslate2's model
+    and our settings."""
+    return all(os.path.isfile(os.path.join(os.fspath(path), name))
+               for name in (CTRANSLATE2_MODEL, CTRANSLATE2_SETTINGS))
 
 
 def _versions(path):
@@ -59,7 +73,10 @@ def run_settings(path):
 
 
 def _recorded(path):
-    config = os.path.join(version_directory(path), "assets.extra", CONFIG_FILENAME)
+    if is_ctranslate2_export(path):
+        config = os.path.join(path, CTRANSLATE2_SETTINGS)
+    else:
+        config = os.path.join(version_directory(path), "assets.extra", CONFIG_FILENAME)
     if not os.path.exists(config):
         return {}
     with open(config) as f:

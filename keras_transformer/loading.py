@@ -8,6 +8,7 @@ model and vocabulary of a run).
 
 import tensorflow as tf
 
+from keras_transformer import ctranslate2_model
 from keras_transformer import export_files
 from keras_transformer import runs
 from keras_transformer import serving
@@ -43,10 +44,13 @@ def run_translator(run, model, tokenizer, config=None, **settings):
 
 
 def load_export(path):
-    """Loads an export: a version directory, or a base directory's newest version.
+    """Loads an export: a version directory, or a base directory's newest version;
+    a CTranslate2 export's directory as a `ctranslate2_model.CTranslate2Translator`.
     The loaded SavedModel's `recorded_settings` are the translator settings the
     export recorded (`export_files.translator_settings`: its request limits
     among them), {} for an export that recorded none."""
+    if export_files.is_ctranslate2_export(path):
+        return ctranslate2_model.CTranslate2Translator(path)
     directory = export_files.version_directory(path)
     export = tf.saved_model.load(directory)
     export.recorded_settings = export_files.translator_settings(directory)

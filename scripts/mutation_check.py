@@ -425,6 +425,30 @@ MUTANTS = [
             "tests/test_serving.py::"
             "test_invisible_characters_are_dropped_and_whitespace_is_one_space"]),
     # The rules know each character's decomposition, not its other spellings.
+    # A CTranslate2 export's translations: the paper's length penalty unused (the
+    # old default, 0), the text not recased, outputs past their limit.
+    mutant("ctranslate2-alpha-unused", "keras_transformer/ctranslate2_model.py",
+           '"length_penalty": float(config.alpha if alpha is None else alpha),',
+           '"length_penalty": 0.0 if alpha is None else float(alpha),',
+           ["tests/test_ctranslate2.py::test_translator_hands_ctranslate2_our_pieces_and_settings"]),
+    mutant("ctranslate2-text-not-recased", "keras_transformer/ctranslate2_model.py",
+           "sources = self._tokens(text).to_list()  # the limits, the text, recased",
+           "sources = self.text.tokenizer.tokenize(text).to_list()",
+           ["tests/test_ctranslate2.py::test_translator_hands_ctranslate2_our_pieces_and_settings"]),
+    mutant("ctranslate2-outputs-uncut", "keras_transformer/ctranslate2_model.py",
+           "result.hypotheses[0][:len(sources[index]) + extra]]",
+           "result.hypotheses[0]]",
+           ["tests/test_ctranslate2.py::test_translator_hands_ctranslate2_our_pieces_and_settings"]),
+    # export --format ctranslate2 forgets the decoding the run chose.
+    mutant("ctranslate2-export-decoding-unrecorded", "keras_transformer/cli/export.py",
+           "config=decoding, run=run_config)",
+           "run=run_config)",
+           ["tests/test_ctranslate2.py::test_export_of_a_run_records_the_decoding_it_chose_unless_told"]),
+    # translate --export of a CTranslate2 export: "a training run's directory".
+    mutant("ctranslate2-export-taken-for-a-run", "keras_transformer/export_files.py",
+           "or is_ctranslate2_export(path))",
+           ")",
+           ["tests/test_ctranslate2.py::test_translate_and_evaluate_take_a_ctranslate2_export"]),
     mutant("nfc-rules-decomposition-only", "keras_transformer/data/text_normalization.py",
            "for split in range(len(order) + 1):", "for split in range(min(len(order), 0) + 1):",
            ["tests/data/test_tokenizer.py::test_canonically_equivalent_spellings_tokenize_alike"]),

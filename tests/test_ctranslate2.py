@@ -2,6 +2,7 @@
 of our weights' layout and of our beam search."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -114,8 +115,10 @@ def test_same_translations_as_our_beam_search_and_int8_bleu(quickstart, tmp_path
     translator = serving.Translator(model, tokenizer, alpha=0.0, recase_capitals=False)
     ours = [text.decode() for start in range(0, 200, 50) for text in
             translator.translate(tf.constant(sources[start:start + 50]))["translation"].numpy()]
-    float32 = ctranslate2_model.translate_ctranslate2(str(tmp_path / "float32"), sources)
-    int8 = ctranslate2_model.translate_ctranslate2(str(tmp_path / "int8"), sources)
+    as_written = {"alpha": 0.0, "no_repeat_ngram_size": 0, "recase_capitals": False}
+    float32 = ctranslate2_model.translate_ctranslate2(str(tmp_path / "float32"), sources,
+                                                      **as_written)
+    int8 = ctranslate2_model.translate_ctranslate2(str(tmp_path / "int8"), sources, **as_written)
     # 200 of 200 measured (three models: two recipes, a CPU with AVX512 and held
     # to AVX2); one is allowed to a near tie: two float32 engines summing in other
     # orders can rank the beam's 4th and 5th hypotheses apart where they are
@@ -129,3 +132,200 @@ def test_same_translations_as_our_beam_search_and_int8_bleu(quickstart, tmp_path
     # that learned nothing scores about 1).
     assert bleu["float32"] >= 12.0, bleu
     assert abs(bleu["int8"] - bleu["float32"]) <= 0.5 + 1e-9, bleu
+
+
+def _export(model, tokenizer, path, run=None, **settings):
+    """A CTranslate2 export of `model` whose translations take `settings`."""
+    from keras_transformer.decoding_config import DecodingConfig
+
+    return ctranslate2_model.export_ctranslate2(model, tokenizer, str(path),
+                                                config=DecodingConfig(**settings), run=run)
+
+
+# Requests whose text our Translator prepares: as written, in small letters only
+# and in capitals only (recased before the search), empty, whitespace only.
+REQUESTS = [*SENTENCES[:2], "and god said, let there be light.", "AND GOD SAW THE LIGHT.", "",
+            " \t "]
+
+
+def test_translator_gives_our_translations_with_the_length_penalty_off(model, tokenizer,
+                                                                       tmp_path):
+    """With alpha 0 the engines search for the same thing (see the module), so a
+    CTranslate2Translator translates each request (text recased, outputs limited
+    to the source's pieces + extra_length, the first capital and capitals put
+    back) as our Translator does, the model's random weights and all; one
+    sentence a request, where CTranslate2's limit is that sentence's."""
+    path = _export(model, tokenizer, tmp_path / "ct2", alpha=0.0, extra_length=6)
+    theirs = ctranslate2_model.CTranslate2Translator(path)
+    ours = serving.Translator(model, tokenizer, alpha=0.0, extra_length=6, beam_sizes=(4,))
+    for text in REQUESTS:
+        expected = ours.translate(tf.constant([text]))["translation"].numpy()
+        got = theirs.translate(tf.constant([text]))["translation"].numpy()
+        assert list(got) == list(expected), text
+
+
+class RecordingEngine:
+    """A `ctranslate2.Translator` stand-in: records each `translate_batch` call
+    and answers each source with its own pieces and then `padding` pieces."""
+
+    def __init__(self, padding):
+        self.padding, self.calls = padding, []
+
+    def translate_batch(self, sources, **options):
+        import types
+
+        self.calls.append((sources, options))
+        return [types.SimpleNamespace(hypotheses=[source + self.padding], scores=[-1.5])
+                for source in sources]
+
+
+def test_translator_hands_ctranslate2_our_pieces_and_settings(model, tokenizer, tmp_path):
+    """What the translator gives CTranslate2 and what it makes of the answer: the
+    export's decoding settings (alpha as CTranslate2's length penalty), or a
+    request's; the pieces of the text as our tokenizer gives them, recased; one
+    call, none for empty sentences; each output cut at its own source's pieces +
+    extra_length; the capitals of a sentence in capitals put back."""
+    path = _export(model, tokenizer, tmp_path / "ct2", alpha=1.2, no_repeat_ngram_size=3,
+                   extra_length=2)
+    translator = ctranslate2_model.CTranslate2Translator(path)
+    the = int(tokenizer.tokenize("the").numpy()[0])
+    translator.engine = engine = RecordingEngine([translator.pieces[the]] * 5)
+    outputs = translator.translate(tf.constant(REQUESTS))
+    (sources, options), = engine.calls
+    recased = {"and god said, let there be light.": "And God said, let there be light.",
+               "AND GOD SAW THE LIGHT.": "And God saw the light."}
+    spoken = [text for text in REQUESTS if text.strip()]
+    expected = [tokenizer.tokenize(recased.get(text, text)).numpy().tolist() for text in spoken]
+    assert sources == [[translator.pieces[i] for i in ids] for ids in expected]
+    assert options == {"beam_size": 4, "length_penalty": 1.2, "no_repeat_ngram_size": 3,
+                       "max_decoding_length": max(map(len, expected)) + 2,
+                       "return_scores": True}
+    # Each answer: the source and two of the five pieces more, detokenized.
+    answers = [tokenizer.detokenize(tf.constant(ids + [the] * 2)).numpy().decode()
+               for ids in expected]
+    answers[3] = answers[3].upper()  # the request in capitals only
+    assert [t.decode() for t in outputs["translation"].numpy()] == answers + ["", ""]
+    np.testing.assert_array_equal(outputs["score"].numpy(), [-1.5] * 4 + [0.0, 0.0])
+    translator.translate(tf.constant(SENTENCES[:1]), beam_size=tf.constant(2),
+                         alpha=tf.constant(0.5), extra_length=tf.constant(1),
+                         no_repeat_ngram_size=tf.constant(0))
+    assert engine.calls[-1][1] == {"beam_size": 2, "length_penalty": 0.5,
+                                   "no_repeat_ngram_size": 0,
+                                   "max_decoding_length": len(expected[0]) + 1,
+                                   "return_scores": True}
+
+
+def test_the_export_records_its_decoding_and_run_and_loads_as_an_export(model, tokenizer,
+                                                                        tmp_path):
+    """A CTranslate2 export records the decoding its translations take and the run
+    (evaluate's default test set); the export's loader gives its translator;
+    settings passed replace the recorded ones; an export from before it
+    recorded them translates as the paper decodes, without recasing."""
+    import json
+
+    from keras_transformer import export_files
+    from keras_transformer import loading
+
+    run = {"training": {"data": "bundled", "seed": 3}}
+    path = _export(model, tokenizer, tmp_path / "ct2", run, alpha=1.2, no_repeat_ngram_size=4,
+                   block_adjacent_repeats=True, max_batch_size=2, max_input_chars=40)
+    assert export_files.is_export(path) and export_files.is_ctranslate2_export(path)
+    assert export_files.run_settings(path) == run
+    assert export_files.translator_settings(path) == {
+        "beam_size": 4, "alpha": 1.2, "extra_length": 50, "no_repeat_ngram_size": 4,
+        "recase_capitals": True, "max_batch_size": 2, "max_input_chars": 40}
+    loaded = loading.load_export(path)
+    assert isinstance(loaded, ctranslate2_model.CTranslate2Translator)
+    assert (loaded.config.alpha, loaded.config.no_repeat_ngram_size) == (1.2, 4)
+    assert loaded.text.tokenizer.model_proto == tokenizer.model_proto
+    assert loaded.text.tokenizer.casing.spellings == tokenizer.casing.spellings
+    # The request limits, as an export's signatures refuse them.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_batch_size=2"):
+        loaded.translate(tf.constant(SENTENCES[:3]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_input_chars=40"):
+        loaded.translate(tf.constant(["x" * 41]))
+    assert ctranslate2_model.CTranslate2Translator(path, alpha=0.0).config.alpha == 0.0
+    with pytest.raises(ValueError, match="Received: block_adjacent_repeats"):
+        ctranslate2_model.CTranslate2Translator(path, block_adjacent_repeats=False)
+    # As exported before 2026-12-02: no vocab/, no decoding recorded.
+    with open(os.path.join(path, "keras_transformer.json")) as f:
+        recorded = json.load(f)
+    with open(os.path.join(path, "keras_transformer.json"), "w") as f:
+        json.dump({"model": recorded["model"], "quantization": "float32"}, f)
+    shutil.rmtree(os.path.join(path, "vocab"))
+    old = ctranslate2_model.CTranslate2Translator(path)
+    assert (old.config.alpha, old.config.no_repeat_ngram_size) == (0.6, 0)
+    assert not old.text.recase_capitals
+
+
+def test_translate_and_evaluate_take_a_ctranslate2_export(model, tokenizer, tmp_path, capsys):
+    """--export of translate and evaluate: a CTranslate2 export translates as its
+    translator does (not "a training run's directory", for CTranslate2's own
+    config.json); --run refuses it."""
+    from keras_transformer.cli import evaluate
+    from keras_transformer.cli import translate
+
+    path = _export(model, tokenizer, tmp_path / "ct2", alpha=0.8, extra_length=4)
+    source = tmp_path / "source.txt"
+    source.write_text("\n".join(REQUESTS[:4]) + "\n", encoding="utf-8")
+    expected = ctranslate2_model.translate_ctranslate2(path, REQUESTS[:4])
+    capsys.readouterr()
+    assert translate.main([str(source), "--export", path, "--verbose"]) == 0
+    assert capsys.readouterr().out == "".join(f"{line}\n" for line in expected)
+    assert evaluate.main(["--export", path, "--src", str(source), "--ref", str(source),
+                          "--json", "--verbose", "--output", str(tmp_path / "out.txt")]) == 0
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == expected
+    assert '"bleu"' in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        translate.parse_args([str(source), "--run", path])
+    assert capsys.readouterr().err == (
+        f"{translate.PROG}: --run {path} is an export, not a training run's directory: "
+        f"translate and evaluate it with --export {path}\n")
+
+
+def test_export_of_a_run_records_the_decoding_it_chose_unless_told(model, tokenizer, tmp_path,
+                                                                   capsys):
+    """export --format ctranslate2: the export's translations take the decoding
+    the run chose on its dev set, a flag given instead; it says that CTranslate2
+    does not block words repeated back to back where the run does; the run is
+    recorded (evaluate's default test set)."""
+    import json
+
+    from keras_transformer import export_files
+    from keras_transformer import runs
+    from keras_transformer.cli import export
+    from tests.translation_fixtures import make_run_dir
+
+    run = make_run_dir(tmp_path / "run", tokenizer, model)
+    runs.Run(run).write_decoding(
+        {"alpha": 1.0, "no_repeat_ngram_size": 4, "block_adjacent_repeats": True},
+        {(4, 1.0): 9.0}, 200)
+    capsys.readouterr()
+    for out, flags, alpha in (("chosen", [], 1.0), ("told", ["--alpha", "0.8"], 0.8)):
+        path = str(tmp_path / out)
+        assert export.main(["--run", run, "--out", path, "--format", "ctranslate2",
+                            "--verbose", *flags]) == 0
+        settings = export_files.translator_settings(path)
+        assert (settings["alpha"], settings["no_repeat_ngram_size"]) == (alpha, 4)
+        assert export_files.run_settings(path)["run_dir"] == os.path.abspath(run)
+        with open(os.path.join(run, "config.json")) as f:
+            assert export_files.run_settings(path)["training"] == json.load(f)["training"]
+        printed = capsys.readouterr().out
+        assert "blocks words repeated back to back, which CTranslate2 cannot" in printed
+        assert f"keras-transformer translate --export {path}" in printed
+
+
+def test_a_ctranslate2_export_without_the_package_says_what_to_install(model, tokenizer,
+                                                                       tmp_path, monkeypatch,
+                                                                       capsys):
+    from keras_transformer.cli import translate
+
+    path = _export(model, tokenizer, tmp_path / "ct2")
+    source = tmp_path / "source.txt"
+    source.write_text("Jesus wept.\n", encoding="utf-8")
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 fails
+    capsys.readouterr()
+    assert translate.main([str(source), "--export", path, "--verbose"]) == 2
+    assert capsys.readouterr().err == (
+        f"{translate.PROG}: {path} is a CTranslate2 export: translating with it needs the "
+        "ctranslate2 package: pip install ctranslate2 (or the package's [ctranslate2] extra)\n")

@@ -170,13 +170,14 @@ def check_not_swapped(parser, export=None, run=None):
     """Refuses, before TensorFlow starts, saying which flag it belongs to, an
     `export` that is a training run's directory (its config.json, no SavedModel)
     or a `run` that is an export's (a SavedModel, no config.json: a run may hold
-    an export too)."""
+    an export too; or a CTranslate2 export, whose model has a config.json)."""
     if export is not None and not export_files.is_export(export) and run_files.is_run(export):
         parser.refuse(
             f"--export {export} is a training run's directory, not an export: translate "
             f"with the run itself (--run {export}), or export it first (keras-transformer "
             f"export --run {export} --out EXPORT)")
-    if run is not None and export_files.is_export(run) and not run_files.is_run(run):
+    if run is not None and export_files.is_export(run) and (
+            export_files.is_ctranslate2_export(run) or not run_files.is_run(run)):
         parser.refuse(
             f"--run {run} is an export, not a training run's directory: translate and "
             f"evaluate it with --export {run}")

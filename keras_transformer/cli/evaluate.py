@@ -136,7 +136,7 @@ def main(argv=None, prog=PROG):
                 translator, pairs, args.batch_size, args.progress, limit=args.limit,
                 **{name: getattr(args, name) for name in REQUEST_SETTINGS},
             )
-        except (ValueError, FileNotFoundError) as error:
+        except (ValueError, FileNotFoundError, ImportError) as error:  # no ctranslate2
             print(f"{prog}: {error}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:  # Ctrl-C: no stack

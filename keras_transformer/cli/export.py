@@ -116,8 +116,6 @@ def main(argv=None, prog=PROG):
         run = runs.Run(args.run)
         model, tokenizer, run_config = run.load(args.weights)
         say_checkpoints(prog, args.run, run_config)
-        if args.format == "ctranslate2":
-            return export_ctranslate2(model, tokenizer, args, prog)
         chosen = run.decoding_settings()  # what the run chose on its dev set
         # A run that stopped before its end (or is still training) has chosen none; a
         # run's own weights (averaged, final) keep what it chose, the paper's for runs
@@ -131,6 +129,9 @@ def main(argv=None, prog=PROG):
                   flush=True)
         decoding = dataclasses.replace(args.decoding, **{
             name: value for name, value in chosen.items() if getattr(args, name) is None})
+        run_config = dict(run_config, weights=args.weights, run_dir=os.path.abspath(args.run))
+        if args.format == "ctranslate2":
+            return export_ctranslate2(model, tokenizer, decoding, run_config, args, prog)
         config, notes = decoding.resolved()
         for note in notes:
             print(f"{prog}: {note}", flush=True)
@@ -139,7 +140,6 @@ def main(argv=None, prog=PROG):
         if args.warmup_file is not None:
             with open(args.warmup_file, encoding="utf-8") as f:
                 warmup = [line.rstrip("\n") for line in f if line.strip()][:32]
-        run_config = dict(run_config, weights=args.weights, run_dir=os.path.abspath(args.run))
         path = saved_model.export_translator(
             translator, args.out, args.version, config=run_config, warmup_texts=warmup,
             check=not args.no_check,
@@ -207,7 +207,9 @@ def decoding_chosen_now(run, run_config, model, tokenizer, prog):
     return settings
 
 
-def export_ctranslate2(model, tokenizer, args, prog):
+def export_ctranslate2(model, tokenizer, decoding, run_config, args, prog):
+    """Writes --out as a CTranslate2 export of `model` with the `decoding` (a
+    `DecodingConfig`: the run's, or the flags') its translations take."""
     try:
         from keras_transformer import ctranslate2_model
         import ctranslate2  # noqa: F401
@@ -215,9 +217,13 @@ def export_ctranslate2(model, tokenizer, args, prog):
         print(f"{prog}: --format ctranslate2 needs the ctranslate2 package: "
               "pip install ctranslate2 (or the package's [ctranslate2] extra)", file=sys.stderr)
         return 2
-    path = ctranslate2_model.export_ctranslate2(model, tokenizer, args.out, args.quantization)
+    if decoding.block_adjacent_repeats:
+        print(f"{prog}: the run blocks words repeated back to back, which CTranslate2 cannot; "
+              "its translations block the rest", flush=True)
+    path = ctranslate2_model.export_ctranslate2(model, tokenizer, args.out, args.quantization,
+                                                config=decoding, run=run_config)
     print(f"{prog}: wrote {path} (CTranslate2, {args.quantization})")
-    print(f"  from keras_transformer.ctranslate2_model import translate_ctranslate2; "
-          f"translate_ctranslate2({path!r}, sentences)")
+    print(f"  keras-transformer translate --export {path} input.txt (or evaluate --export "
+          f"{path}); from Python: keras_transformer.ctranslate2_model.translate_ctranslate2"
+          f"({path!r}, sentences)")
     return 0
-

@@ -207,7 +207,7 @@ def main(argv=None, prog=PROG):
                 return 0
             translations = evaluation.translate_sentences(
                 translator, lines, args.batch_size, progress=args.progress, **settings)
-        except (ValueError, FileNotFoundError) as error:
+        except (ValueError, FileNotFoundError, ImportError) as error:  # no ctranslate2
             print(f"{prog}: {error}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:  # Ctrl-C: what was answered stays answered
