@@ -1,0 +1,1 @@
+python benchmarks/decode_throughput.py --preset cpu-small --vocab-size 8000 --variants graph,xla --compare-ctranslate2 --repeats 3 --no-profile  # 2-core AMD EPYC Zen 4 (family 25, model 17) at 197539c: the quickstart's model shape (cpu-small, vocabulary 8000), batch 32, 48 forced steps; one run
