@@ -297,9 +297,8 @@ class CTranslate2Translator:
         ids = tf.RaggedTensor.from_row_lengths(
             tf.constant([i for output in outputs for i in output], tf.int32),
             tf.constant([len(output) for output in outputs], tf.int64))
-        translations = self._translations(text, ids)
-        empty = tf.constant([not output for output in outputs], tf.bool)
-        return {"translation": tf.where(empty, "", translations),
+        # An empty output detokenizes to "", and stays so recased.
+        return {"translation": self._translations(text, ids),
                 "score": tf.constant(scores, tf.float32)}
 
 
