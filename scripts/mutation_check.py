@@ -12,20 +12,18 @@ defect that the suite would let through.
     python scripts/mutation_check.py --jobs 2        # two mutants at a time, a copy each
 
 Exits 1 when a mutant is missed or stale (its line is no longer in the file).
-Each mutant runs the test files named with it, in a pytest process of its own
-(TensorFlow's start-up, ~15 s, each); the mutants marked slow run a slow test.
+Each job has a copy of the repository and a test server there (TestServer): a
+process that has imported TensorFlow and pytest, but not the package, and forks a
+fresh pytest run for each mutant, so a mutant costs its tests up to their first
+failure, not TensorFlow's start-up as well. The mutants marked slow run a slow test.
 
 In CI as the slow test `tests/test_mutation_check.py::test_every_mutant_is_caught`,
-two at a time (`--jobs 2`): 158 s on 2 cores of an Intel Xeon with AMX, where one at
-a time took 247 s (2026-11-28); 264 s beside CI's two test workers. Each mutant costs
-about 4.5 s of pytest's start-up, plus its tests up to the first failure: name the
-test that catches it (the report says which did), not its whole file (the two
-reference-column mutants took 44 and 53 s with test_evaluation.py, 11 s with their
-test). All 23 were caught in 251 s on 2 cores of an AMD EPYC Zen 4 (2026-11-25, one
-at a time; each pytest run stops at its first failure, so a caught mutant costs little
-more than TensorFlow's start-up). Two were missed once, and tests were added for them (an
-off-by-one per-row output limit, and the request limits, whose line had been
-stale).
+two at a time (`--jobs 2`). On 2 cores of an AMD EPYC Zen 4 (2026-12-03), the 74
+fast-guarded mutants took 384 s with the servers, 558 s with a pytest process per
+mutant (whose start-up was 502 of the mutants' 1115 s); in CI, beside a test worker,
+the latter took 1037 s. Name the test that catches a mutant (the report says which
+did), not its whole file: the two reference-column mutants took 44 and 53 s with
+test_evaluation.py, 11 s with their test.
 """
 
 import argparse
@@ -486,39 +484,131 @@ def copy_repository(destination):
             shutil.copy2(source, os.path.join(destination, name))
 
 
-def run_tests(copy, tests, timeout):
-    """pytest's exit status on `tests` in the copy (its package first on the path)."""
-    environment = dict(os.environ, PYTHONPATH=copy, TF_CPP_MIN_LOG_LEVEL="3")
-    environment.pop("CI_NO_SKIPS", None)
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-               "-o", "addopts=", *tests]
+# Imported once by each job's test server, before it forks a pytest run per mutant:
+# TensorFlow's start-up and the test plugins', not the package (each run imports the
+# copy's package as its mutant left it).
+PRELOADED = ("numpy", "tensorflow", "keras", "tensorflow_text", "sacrebleu", "h5py", "pytest")
+PYTEST_ARGS = ("-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=")
+
+
+class TestServer:
+    """A process in `copy` (its package first on the path) that has imported
+    PRELOADED and forks a child per request: a pytest run, or the package's
+    location. Each run starts from the server's imports, as a new process would,
+    without paying TensorFlow's start-up (~7 s a mutant on 2 cores)."""
+
+    def __init__(self, copy):
+        self.copy = copy
+        environment = dict(os.environ, PYTHONPATH=copy, TF_CPP_MIN_LOG_LEVEL="3",
+                           KERAS_BACKEND="tensorflow")
+        environment.pop("CI_NO_SKIPS", None)
+        self.log = tempfile.TemporaryFile("w+", encoding="utf-8")  # its stderr
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.join(copy, "scripts", "mutation_check.py"), "--serve"],
+            cwd=copy, env=environment, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.log, text=True)
+
+    def request(self, **request):
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        if not answer:
+            self.log.seek(0)
+            raise RuntimeError(f"the test server in {self.copy} stopped: {self.log.read()[-3000:]}")
+        return json.loads(answer)
+
+    def run_tests(self, tests, timeout):
+        """pytest's exit status on `tests` in the copy (None on a timeout), and a summary."""
+        answer = self.request(tests=list(tests), timeout=timeout)
+        if answer["status"] is None:
+            return None, "timed out"
+        lines = [line for line in answer["output"].splitlines() if line.strip()]
+        failed = [line.split()[1] for line in lines if line.startswith("FAILED ")]
+        summary = lines[-1] if lines else "no output"
+        return answer["status"], f"{summary}; {failed[0]} failed" if failed else summary
+
+    def check_package_is_the_copy(self):
+        """The copy's package, not the editable install's, is the one its runs import."""
+        found = self.request(where=True)["output"].strip()
+        if os.path.realpath(found) != os.path.realpath(self.copy):
+            raise RuntimeError(f"the tests would import keras_transformer from {found}, not "
+                               f"from the copy {self.copy}")
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+        self.log.close()
+
+
+def _forked(request, output):
+    """In the child: the request's answer, written to the file `output`; its exit status."""
+    import traceback
+
+    with open(os.devnull, "rb") as null:
+        os.dup2(null.fileno(), 0)
+    with open(output, "wb") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
     try:
-        result = subprocess.run(command, cwd=copy, env=environment, capture_output=True,
-                                text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None, "timed out"
-    lines = [line for line in result.stdout.splitlines() if line.strip()]
-    failed = [line.split()[1] for line in lines if line.startswith("FAILED ")]
-    summary = lines[-1] if lines else result.stderr[-500:]
-    return result.returncode, f"{summary}; {failed[0]} failed" if failed else summary
+        if request.get("where"):
+            import keras_transformer
+
+            print(os.path.dirname(os.path.dirname(keras_transformer.__file__)))
+            return 0
+        import pytest
+
+        return int(pytest.main([*PYTEST_ARGS, *request["tests"]]))
+    except BaseException:
+        traceback.print_exc()
+        return 3
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
 
 
-def check_package_is_the_copy(copy):
-    """The copy's package, not the editable install's, is the one its tests import."""
-    result = subprocess.run(
-        [sys.executable, "-c", "import keras_transformer, os; "
-         "print(os.path.dirname(os.path.dirname(keras_transformer.__file__)))"],
-        cwd=copy, env=dict(os.environ, PYTHONPATH=copy), capture_output=True, text=True,
-        timeout=300)
-    if os.path.realpath(result.stdout.strip()) != os.path.realpath(copy):
-        raise RuntimeError(f"the tests would import keras_transformer from "
-                           f"{result.stdout.strip() or result.stderr}, not from the copy {copy}")
+def serve():
+    """TestServer's process: one JSON request a line on stdin, one answer a line on stdout."""
+    import importlib
+    import signal
+
+    for name in PRELOADED:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    for line in sys.stdin:
+        request = json.loads(line)
+        output = os.path.join(tempfile.gettempdir(), f"mutation_check-{os.getpid()}.out")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.setpgid(0, 0)  # its own group: a timeout stops the subprocesses it started too
+            os._exit(_forked(request, output))
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)
+        deadline = time.monotonic() + request.get("timeout", 900)
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                status = None
+                break
+            time.sleep(0.05)
+        with open(output, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        os.remove(output)
+        print(json.dumps({"status": status, "output": text}), flush=True)
+    return 0
 
 
-def check_mutant(copy, m, timeout):
-    """Applies mutant `m` to `copy`, runs its tests there and puts the line back;
-    returns its entry of the report."""
-    path = os.path.join(copy, m["path"])
+def check_mutant(server, m, timeout):
+    """Applies mutant `m` to the server's copy, runs its tests there and puts the
+    line back; returns its entry of the report."""
+    path = os.path.join(server.copy, m["path"])
     try:
         original = apply(path, m["old"], m["new"])
     except LookupError as error:
@@ -526,7 +616,7 @@ def check_mutant(copy, m, timeout):
         return {"name": m["name"], "stale": str(error)}
     try:
         began = time.perf_counter()
-        status, summary = run_tests(copy, m["tests"], timeout)
+        status, summary = server.run_tests(m["tests"], timeout)
     finally:
         with open(path, "w", encoding="utf-8") as f:
             f.write(original)
@@ -551,7 +641,10 @@ def main(argv=None):
     parser.add_argument("--timeout", type=int, default=900, help="seconds per pytest run")
     parser.add_argument("--jobs", type=int, default=1,
                         help="mutants checked at a time, each in a copy of its own")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # TestServer's
     args = parser.parse_args(argv)
+    if args.serve:
+        return serve()
     selected = MUTANTS
     if args.only:
         names = args.only.split(",")
@@ -569,17 +662,19 @@ def main(argv=None):
     report = {"mutants": [], "caught": 0, "missed": [], "stale": []}
     start = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        # One copy of the repository per job: each job applies its mutant to its own.
-        paths = [stack.enter_context(tempfile.TemporaryDirectory(prefix="mutation_check-"))
-                 for _ in range(max(1, args.jobs))]
-        copies = queue.Queue()
-        for copy in paths:
+        # One copy of the repository per job, and its test server: each job applies
+        # its mutant to its own copy.
+        servers = queue.Queue()
+        for _ in range(max(1, args.jobs)):
+            copy = stack.enter_context(tempfile.TemporaryDirectory(prefix="mutation_check-"))
             copy_repository(copy)
-            check_package_is_the_copy(copy)
-            copies.put(copy)
+            server = TestServer(copy)
+            stack.callback(server.close)
+            server.check_package_is_the_copy()
+            servers.put(server)
         if args.baseline:
             tests = sorted({t for m in selected for t in m["tests"]})
-            status, summary = run_tests(paths[0], tests, args.timeout * 2)
+            status, summary = server.run_tests(tests, args.timeout * 2)
             report["baseline"] = {"tests": tests, "exit_status": status, "summary": summary}
             if status != 0:
                 print(json.dumps(report, indent=2))
@@ -588,11 +683,11 @@ def main(argv=None):
                 return 1
 
         def check(m):
-            copy = copies.get()
+            server = servers.get()
             try:
-                return check_mutant(copy, m, args.timeout)
+                return check_mutant(server, m, args.timeout)
             finally:
-                copies.put(copy)
+                servers.put(server)
 
         with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
             for result in pool.map(check, selected):  # in the mutants' order

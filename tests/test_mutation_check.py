@@ -40,7 +40,7 @@ def test_names_are_unique():
 @pytest.mark.slow
 def test_every_mutant_is_caught():
     """The check itself: each mutant applied to a copy makes its tests fail
-    (about 4 minutes on 2 cores, each test run stopping at its first failure). The
+    (about 6.5 minutes on 2 cores, each test run stopping at its first failure). The
     mutants whose guard is a slow test are left to `python scripts/mutation_check.py`
     by hand: each costs a minute or more of XLA compilations or training, and CI's
     run of every test must stay within its 90 minutes."""
@@ -55,3 +55,33 @@ def test_every_mutant_is_caught():
     fast = [m for m in mutation_check.MUTANTS if not m["slow"]]
     assert report["caught"] == report["total"] == len(fast)
     assert result.returncode == 0
+
+
+def test_the_test_server_runs_each_request_in_a_fresh_child_of_the_copy(tmp_path):
+    """A mutant counts as caught on exit status 1 alone: a passing run answers 0, a
+    failing one 1, one past its timeout None (its child stopped), and each run
+    imports the copy's package anew, as its mutant left it."""
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    mutation_check.copy_repository(str(copy))
+    (copy / "tests" / "test_probe.py").write_text(
+        "import time\n"
+        "import keras_transformer\n"
+        "def test_passes():\n    assert keras_transformer.MARK == 1\n"
+        "def test_fails():\n    assert keras_transformer.MARK == 2\n"
+        "def test_sleeps():\n    time.sleep(60)\n", encoding="utf-8")
+    init = copy / "keras_transformer" / "__init__.py"
+    original = init.read_text(encoding="utf-8")
+    init.write_text(original + "\nMARK = 1\n", encoding="utf-8")
+    server = mutation_check.TestServer(str(copy))
+    try:
+        server.check_package_is_the_copy()
+        assert server.run_tests(["tests/test_probe.py::test_passes"], 120)[0] == 0
+        status, summary = server.run_tests(["tests/test_probe.py::test_fails"], 120)
+        assert status == 1 and summary.endswith("tests/test_probe.py::test_fails failed")
+        init.write_text(original + "\nMARK = 2\n", encoding="utf-8")  # a mutant's edit
+        assert server.run_tests(["tests/test_probe.py::test_fails"], 120)[0] == 0
+        assert server.run_tests(["tests/test_probe.py::test_sleeps"], 3) == (None, "timed out")
+        assert server.run_tests(["tests/test_probe.py::test_no_such_test"], 120)[0] == 4
+    finally:
+        server.close()
