@@ -287,6 +287,44 @@ def test_dropout_only_in_training():
     assert not np.allclose(model(inputs, training=True), model(inputs))
 
 
+def test_dropout_on_the_sums_of_embeddings_and_positions_in_both_stacks():
+    """Sec. 5.4: dropout on the sums of the embeddings and the positional
+    encodings, in the encoder and in the decoder: in training, each entry of the
+    sum is 0 or 1 / (1 - P_drop) times itself."""
+    rate = 0.3
+    model = build_transformer(TransformerConfig.tiny(VOCAB, dropout_rate=rate))
+    inputs = {"encoder_inputs": _ids(4, 9), "decoder_inputs": _ids(4, 7, seed=1)}
+    for name in ("encoder_embedding_dropout", "decoder_embedding_dropout"):
+        sums = keras.Model(model.inputs, model.get_layer(name).output)
+        kept = np.asarray(sums(inputs))
+        dropped = np.asarray(sums(inputs, training=True))
+        zeros = dropped == 0
+        assert 0.2 < zeros.mean() < 0.4, name
+        np.testing.assert_allclose(dropped[~zeros], kept[~zeros] / (1 - rate), rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_each_stack_ends_in_a_layer_norm(norm_first):
+    """The encoder's output and the decoder's last hidden states are layer-normalized:
+    post-norm by each layer's last norm, pre-norm by the norm that ends its stack
+    (gain 1 and bias 0 in a new model: mean 0 and variance 1 at every position),
+    and the logits are those states times the shared embedding."""
+    model = build_transformer(TransformerConfig.tiny(VOCAB, norm_first=norm_first))
+    source, target = _ids(3, 8), _ids(3, 6, seed=1)
+    encoded = np.asarray(model.encode(source))
+    np.testing.assert_allclose(encoded.mean(-1), 0, atol=1e-5)
+    np.testing.assert_allclose(encoded.var(-1), 1, rtol=1e-3)
+    last = "decoder_norm" if norm_first else \
+        f"decoder_layer_{model.config.num_layers - 1}"
+    states = keras.Model(model.inputs, model.get_layer(last).output)
+    hidden = np.asarray(states({"encoder_inputs": source, "decoder_inputs": target}))
+    np.testing.assert_allclose(hidden.mean(-1), 0, atol=1e-5)
+    np.testing.assert_allclose(hidden.var(-1), 1, rtol=1e-3)
+    table = np.asarray(model.embedding.embeddings)
+    np.testing.assert_allclose(_logits(model, source, target), hidden @ table.T,
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_keras_file_round_trip(tmp_path, model):
     source, target = _ids(2, 7), _ids(2, 5)
     path = str(tmp_path / "model.keras")
