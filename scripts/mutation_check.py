@@ -514,6 +514,24 @@ MUTANTS = [
            'translations[indices.index(i)] = text.decode("utf-8")',
            ["tests/test_evaluation.py::test_translate_sentences_keeps_order_across_batches"]),
 
+    mutant("cache-slots-not-reordered", "keras_transformer/decoder_cache.py",
+           "reordered = ops.take_along_axis(slots, ops.expand_dims(parents, -1), axis=1)",
+           "reordered = slots",
+           ["tests/test_decoder_cache.py::test_reorder_gathers_only_the_slot_table"]),
+    mutant("adam-beta2-of-keras-not-the-paper", "keras_transformer/optimizers.py",
+           "ADAM_SETTINGS = dict(beta_1=0.9, beta_2=0.98, epsilon=1e-9)",
+           "ADAM_SETTINGS = dict(beta_1=0.9, beta_2=0.999, epsilon=1e-9)",
+           ["tests/test_schedules.py::test_optimizer_uses_the_papers_adam_settings"]),
+    # Export: a new version never overwrites one; the reloaded export is checked.
+    mutant("next-version-counts-the-versions", "keras_transformer/saved_model.py",
+           "return max(versions, default=0) + 1", "return len(versions) + 1",
+           ["tests/test_saved_model.py::test_the_next_version_is_one_past_the_largest_whatever_"
+            "lies_beside"]),
+    mutant("export-check-ignores-score-values", "keras_transformer/saved_model.py",
+           "same = want.shape == np.shape(got) and np.allclose(want, got, atol=atol)",
+           "same = want.shape == np.shape(got)",
+           ["tests/test_saved_model.py::test_the_export_check_refuses_other_values_shapes_and_"
+            "missing_outputs"]),
 ]
 
 

@@ -300,3 +300,29 @@ def test_reloaded_score_and_alignments_equal_the_translators(export_path, transl
     expected = translator.translate_aligned(sources)
     assert _strings(aligned["translation"]) == _strings(expected["translation"])
     np.testing.assert_array_equal(aligned["alignment"], expected["alignment"])
+
+
+def test_the_next_version_is_one_past_the_largest_whatever_lies_beside(tmp_path):
+    """A new export never lands in an existing version: after versions 1 and 3 (2
+    removed by hand) and the server's files, it is 4."""
+    assert saved_model.next_version(str(tmp_path / "none")) == 1
+    for name in ("1", "3", "tmp"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "models.config").write_text("")
+    assert saved_model.next_version(str(tmp_path)) == 4
+
+
+def test_the_export_check_refuses_other_values_shapes_and_missing_outputs():
+    """The check of a reloaded export (`compare_outputs`) fails on any output that
+    differs from the in-memory translator's: strings, scores, ids or shapes."""
+    expected = {"translation": np.array([b"a", b"b"], dtype=object),
+                "score": np.array([-1.0, -2.0], np.float32),
+                "ids": np.array([[1, 2]], np.int32)}
+    same = {"translation": ["a", "b"], "score": [-1.0, -2.00001], "ids": [[1, 2]]}
+    saved_model.compare_outputs(same, expected)
+    for name, value in (("translation", ["a", "c"]), ("score", [-1.0, -2.5]),
+                        ("score", [-1.0]), ("ids", [[1, 3]]), ("ids", [[1, 2, 0]])):
+        with pytest.raises(saved_model.ExportError, match=f"gives {name}="):
+            saved_model.compare_outputs(dict(same, **{name: value}), expected)
+    with pytest.raises(saved_model.ExportError, match="has no output 'score'"):
+        saved_model.compare_outputs({"translation": ["a", "b"], "ids": [[1, 2]]}, expected)
