@@ -532,6 +532,20 @@ MUTANTS = [
            "same = want.shape == np.shape(got)",
            ["tests/test_saved_model.py::test_the_export_check_refuses_other_values_shapes_and_"
             "missing_outputs"]),
+    # A time budget: a resumed run counts what it spent; the plan keeps the peak rate.
+    mutant("budget-resume-forgets-the-time-spent", "keras_transformer/budget.py",
+           "return self.read() - self.start + self.spent_before[self.clock]",
+           "return self.read() - self.start",
+           ["tests/test_budget.py::test_a_resumed_budget_counts_the_whole_run"]),
+    mutant("budget-stops-up-to-an-interval-late", "keras_transformer/budget.py",
+           "return self.elapsed() + self._epoch_seconds / 2 >= self.budget_seconds",
+           "return self.elapsed() >= self.budget_seconds",
+           ["tests/test_training.py::test_training_clock_stops_at_the_epoch_end_nearest_the_"
+            "budget"]),
+    mutant("budget-plan-loses-the-peak-rate", "keras_transformer/budget.py",
+           "scale = learning_rate_scale * math.sqrt(planned_warmup / warmup_steps)",
+           "scale = learning_rate_scale",
+           ["tests/test_training.py::test_budget_plan_from_the_steady_step"]),
 ]
 
 
