@@ -546,6 +546,21 @@ MUTANTS = [
            "scale = learning_rate_scale * math.sqrt(planned_warmup / warmup_steps)",
            "scale = learning_rate_scale",
            ["tests/test_training.py::test_budget_plan_from_the_steady_step"]),
+    # The user's corpus files and the bundled corpus's direction.
+    mutant("aligned-files-target-read-from-the-source", "keras_transformer/data/corpora.py",
+           '"target": _without_bom(target)}).unbatch()',
+           '"target": _without_bom(source)}).unbatch()',
+           ["tests/data/test_corpora.py::test_aligned_files_plain_and_gzip"]),
+    mutant("tsv-target-read-from-the-source", "keras_transformer/data/corpora.py",
+           'return {"source": columns[:, 0], "target": columns[:, 1]}',
+           'return {"source": columns[:, 0], "target": columns[:, 0]}',
+           ["tests/data/test_corpora.py::test_bundled_is_english_to_spanish_and_reverses"]),
+    mutant("bundled-direction-ignored", "keras_transformer/data/corpora.py",
+           "if source_language == BUNDLED_LANGUAGES[0]:", "if True:",
+           ["tests/data/test_corpora.py::test_bundled_is_english_to_spanish_and_reverses"]),
+    mutant("misaligned-files-zipped-short", "keras_transformer/data/corpora.py",
+           "if num_source != num_target:", "if False:",
+           ["tests/data/test_corpora.py::test_line_counts_that_differ"]),
 ]
 
 
