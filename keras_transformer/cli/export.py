@@ -17,6 +17,7 @@ import dataclasses
 import os
 import sys
 
+from keras_transformer import ctranslate2_model
 from keras_transformer import run_files
 from keras_transformer.cli.common import OneLineErrorParser
 from keras_transformer.cli.common import WEIGHTS_HELP
@@ -30,7 +31,6 @@ from keras_transformer.cli.common import os_error_line
 from keras_transformer.cli.common import run_translators
 from keras_transformer.cli.common import say_checkpoints
 from keras_transformer.cli.common import start_decoding
-from keras_transformer.ctranslate2_model import QUANTIZATIONS
 from keras_transformer.decoding_config import PAPER_DECODING
 from keras_transformer.decoding_config import REQUEST_SETTINGS
 from keras_transformer.decoding_config import RUN_PRECISION
@@ -62,7 +62,7 @@ def parse_args(argv, prog=PROG):
     parser.add_argument("--format", choices=("savedmodel", "ctranslate2"), default="savedmodel",
                         help="a SavedModel for TF Serving, or a CTranslate2 model with its "
                              "sentencepiece model (needs pip install ctranslate2)")
-    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="float32",
+    parser.add_argument("--quantization", choices=ctranslate2_model.QUANTIZATIONS, default="float32",
                         help="--format ctranslate2: the weights' type (float16, bfloat16 "
                              "and int8_float16/int8_bfloat16 for a GPU)")
     parser.add_argument("--weights", choices=run_files.WEIGHT_CHOICES,
@@ -211,7 +211,6 @@ def export_ctranslate2(model, tokenizer, decoding, run_config, args, prog):
     """Writes --out as a CTranslate2 export of `model` with the `decoding` (a
     `DecodingConfig`: the run's, or the flags') its translations take."""
     try:
-        from keras_transformer import ctranslate2_model
         import ctranslate2  # noqa: F401
     except ImportError:
         print(f"{prog}: --format ctranslate2 needs the ctranslate2 package: "
