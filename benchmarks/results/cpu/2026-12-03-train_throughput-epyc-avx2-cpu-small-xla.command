@@ -1,0 +1,1 @@
+python benchmarks/train_throughput.py --model cpu-small --vocab-size 4000 --batch-size 64 --length 32 --precisions float32 --xla off,on --steps 20 --profile-steps 5 --profile-dir /tmp/prof  # a real 2-core AVX2-only AMD EPYC (family 25, model 1): the quickstart small recipe's step (4000-token vocabulary, 2048-token batches), without and with XLA
