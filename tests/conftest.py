@@ -72,12 +72,25 @@ def _float32_policy_and_seed(request):
     clears TensorFlow's kernel cache, after which every test would trace their
     module-scoped translators' graphs again (seconds each). They draw no random
     numbers after their module fixtures.
+
+    The environment is put back after each test too: a command run in-process
+    (`cli.main`) sets variables for TensorFlow (`cli.common.start_decoding`'s
+    TF_ENABLE_ONEDNN_OPTS, the XLA cache's flags) that this process read long
+    before, but that the subprocesses of the worker's later tests would inherit
+    (test_readme_commands and test_legacy_fixture run translate in-process): on an
+    AVX2-only EPYC a train subprocess would run oneDNN's kernels where this process
+    runs TensorFlow's own, the likely cause of test_main_job_end_to_end's BLEU on a
+    6-step model's near ties differing there (0.39 against 0.42, 2026-12-03).
     """
+    environment = dict(os.environ)
     keras.config.set_dtype_policy("float32")
     if request.node.get_closest_marker("keeps_graphs") is None:
         keras.utils.set_random_seed(1234)
     yield
     keras.config.set_dtype_policy("float32")
+    if os.environ != environment:
+        os.environ.clear()
+        os.environ.update(environment)
 
 
 @pytest.fixture(scope="session")
