@@ -4,10 +4,13 @@ budget, as JSON and a plot. The figures behind `keras_transformer.recipes.RECIPE
 
     python benchmarks/recipe_curves.py                                  # the RECIPES, 8 minutes each
     python benchmarks/recipe_curves.py --cpus 0 --precision float32     # a slow CPU's stand-in
-    python benchmarks/recipe_curves.py --recipes 4000/2048/0 --minutes 1 --dev-pairs 20
+    python benchmarks/recipe_curves.py --recipes 4000/2048/0/0.5 --minutes 1 --dev-pairs 20
+    python benchmarks/recipe_curves.py --recipes 4000/2048/0/1,4000/2048/0/0.5 \
+        --minutes 60 --train-flags "--steps 532" --cpus 0 --precision float32   # at equal updates
 
-Each recipe (VOCABULARY/TOKENS/DROPOUT: the shared vocabulary's size, the source
-tokens of a batch and P_drop; by default those of `keras_transformer.recipes.RECIPES`)
+Each recipe (VOCABULARY/TOKENS/DROPOUT[/SCALE]: the shared vocabulary's size, the
+source tokens of a batch, P_drop and the schedule's learning-rate scale, 1 unless
+given; by default those of `keras_transformer.recipes.RECIPES`)
 trains in a process of its own, one after the other, with `keras-transformer
 train --time-budget MINUTES` and the run's other defaults (`--model auto`, the
 planned warm-up) or `--train-flags`, on the CPUs `--cpus` names (all by default). Then its kept checkpoints (`--curve-points` of them, spread over the
@@ -41,17 +44,21 @@ def log(message):
 
 
 def parse_recipe(text):
-    """`(vocab_size, tokens_per_batch, dropout_rate)` of "VOCABULARY/TOKENS/DROPOUT"."""
+    """`(vocab_size, tokens_per_batch, dropout_rate, learning_rate_scale)` of
+    "VOCABULARY/TOKENS/DROPOUT[/SCALE]"."""
     try:
-        vocab_size, tokens_per_batch, dropout_rate = text.split("/")
-        return int(vocab_size), int(tokens_per_batch), float(dropout_rate)
+        vocab_size, tokens_per_batch, dropout_rate, *scale = text.split("/")
+        if len(scale) > 1:
+            raise ValueError
+        return (int(vocab_size), int(tokens_per_batch), float(dropout_rate),
+                float(scale[0]) if scale else 1.0)
     except ValueError:
-        raise ValueError(f"a recipe is VOCABULARY/TOKENS/DROPOUT, e.g. 8000/4096/0.1. "
-                         f"Received: {text!r}") from None
+        raise ValueError(f"a recipe is VOCABULARY/TOKENS/DROPOUT[/SCALE], e.g. 8000/4096/0.1 "
+                         f"or 4000/2048/0/0.5. Received: {text!r}") from None
 
 
-def recipe_name(vocab_size, tokens_per_batch, dropout_rate):
-    return f"{vocab_size}/{tokens_per_batch}/{dropout_rate:g}"
+def recipe_name(vocab_size, tokens_per_batch, dropout_rate, learning_rate_scale):
+    return f"{vocab_size}/{tokens_per_batch}/{dropout_rate:g}/{learning_rate_scale:g}"
 
 
 def read_log(path):
@@ -70,7 +77,8 @@ def spread(items, count):
     return [items[round(last - i * last / (count - 1))] for i in reversed(range(count))]
 
 
-def run_recipe(args, vocab_size, tokens_per_batch, dropout_rate, directory):
+def run_recipe(args, vocab_size, tokens_per_batch, dropout_rate, learning_rate_scale,
+               directory):
     """Trains one recipe for the budget, then scores its checkpoints."""
     from keras_transformer import data
     from keras_transformer import evaluation
@@ -81,10 +89,11 @@ def run_recipe(args, vocab_size, tokens_per_batch, dropout_rate, directory):
     run_dir = os.path.join(directory, "run")
     command = [*TRAIN_COMMAND, "--out", run_dir, "--time-budget", repr(args.minutes),
                "--vocab-size", str(vocab_size), "--tokens-per-batch", str(tokens_per_batch),
-               "--dropout-rate", repr(dropout_rate), "--precision", args.precision,
+               "--dropout-rate", repr(dropout_rate),
+               "--learning-rate-scale", repr(learning_rate_scale), "--precision", args.precision,
                "--test-sentences", "0", "--keep-checkpoints", str(args.keep_checkpoints),
                "--seed", str(args.seed), *shlex.split(args.train_flags)]
-    name = recipe_name(vocab_size, tokens_per_batch, dropout_rate)
+    name = recipe_name(vocab_size, tokens_per_batch, dropout_rate, learning_rate_scale)
     log(f"{name}: {shlex.join(command[1:])}")
     with open(os.path.join(directory, "train.log"), "w") as output:
         result = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT,
@@ -100,7 +109,8 @@ def run_recipe(args, vocab_size, tokens_per_batch, dropout_rate, directory):
     final = evaluation.evaluate(translator, pairs)
     last_step = checkpoints[-1][0]
     record = {"vocab_size": vocab_size, "tokens_per_batch": tokens_per_batch,
-              "dropout_rate": dropout_rate, "steps": last_step, "cpu_seconds": times[last_step][0],
+              "dropout_rate": dropout_rate, "learning_rate_scale": learning_rate_scale,
+              "steps": last_step, "cpu_seconds": times[last_step][0],
               "elapsed_seconds": times[last_step][1], "bleu": round(final["bleu"], 2),
               "samples": final["hypotheses"][:3], "command": shlex.join(command[1:])}
     log(f"{name}: {last_step} steps, averaged weights: "
@@ -135,7 +145,7 @@ def plot(report, path):
     by_steps.set_ylabel(f"sacreBLEU, {report['dev_pairs']} dev pairs (checkpoint alone)")
     for axes in (by_steps, by_cpu):
         axes.grid(alpha=0.3)
-        axes.legend(title="vocabulary/batch tokens/dropout", fontsize=8)
+        axes.legend(title="vocabulary/batch tokens/dropout/learning-rate scale", fontsize=8)
     cpu = report["cpu_flags"]
     limit = isa_limit(cpu)
     figure.suptitle(f"{report['minutes']:g}-minute budget, {report['precision']}, "
@@ -149,9 +159,9 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--recipes", default=",".join(
-                            recipe_name(r.vocab_size, r.tokens_per_batch, r.dropout_rate)
-                            for r in RECIPES),
-                        help="comma-separated VOCABULARY/TOKENS/DROPOUT recipes")
+                            recipe_name(r.vocab_size, r.tokens_per_batch, r.dropout_rate,
+                                        r.learning_rate_scale) for r in RECIPES),
+                        help="comma-separated VOCABULARY/TOKENS/DROPOUT[/SCALE] recipes")
     parser.add_argument("--minutes", type=float, default=8.0,
                         help="each recipe's wall-clock training budget (the quickstart's)")
     parser.add_argument("--train-flags", default="",

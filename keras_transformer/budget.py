@@ -216,6 +216,20 @@ def worth_planning(max_steps):
     return max_steps is None or max_steps > 2 * CALIBRATION_STEPS
 
 
+def planned_settings(plan, explicit):
+    """The `TrainingConfig` settings that `plan` (a `BudgetPlan`) replaces: the
+    steps; the checkpoint interval unless `explicit` (the names of the settings
+    given on the command line) names it; the warm-up and scale, which keep the
+    configured peak (a given `learning_rate_scale`'s too), unless it names the
+    warm-up, which keeps the schedule as configured."""
+    planned = dict(steps=plan.steps)
+    if "checkpoint_every" not in explicit:
+        planned.update(checkpoint_every=plan.checkpoint_every)
+    if "warmup_steps" not in explicit:
+        planned.update(warmup_steps=plan.warmup_steps, learning_rate_scale=plan.learning_rate_scale)
+    return planned
+
+
 def plan_run(model, schedule, batches, clock, config, explicit, max_steps=None,
              calibration_steps=CALIBRATION_STEPS):
     """Times the first `calibration_steps` steps of a budgeted run, then plans the
@@ -227,8 +241,8 @@ def plan_run(model, schedule, batches, clock, config, explicit, max_steps=None,
             are `keras.Variable`s (`training.compile_for_training`).
         batches: the training batches.
         clock: the run's `TrainingClock`.
-        config: the `TrainingConfig`; the settings the plan replaces are those
-            not in `explicit`.
+        config: the `TrainingConfig`, whose settings the plan replaces as
+            `planned_settings` says.
         explicit: the names of the settings given on the command line.
         max_steps: optional cap on the steps in all.
         calibration_steps: the steps timed (the first ones compile).
@@ -243,12 +257,7 @@ def plan_run(model, schedule, batches, clock, config, explicit, max_steps=None,
     plan = plan_for_budget(
         step, clock.step_seconds, clock.budget_seconds - clock.elapsed(), config.average_last,
         config.warmup_steps, config.learning_rate_scale, max_steps)
-    planned = dict(steps=plan.steps)
-    if "checkpoint_every" not in explicit:
-        planned.update(checkpoint_every=plan.checkpoint_every)
-    if not {"warmup_steps", "learning_rate_scale"} & set(explicit):
-        planned.update(warmup_steps=plan.warmup_steps, learning_rate_scale=plan.learning_rate_scale)
-    config = dataclasses.replace(config, **planned)
+    config = dataclasses.replace(config, **planned_settings(plan, explicit))
     schedule.warmup_steps.assign(config.warmup_steps)
     schedule.scale.assign(config.learning_rate_scale)
     return config, step

@@ -304,7 +304,10 @@ class TrainingConfig:
             The default, 300, is the CPU recipes'; a new run of a model with
             d_model 512 or more without a time budget takes the paper's 4000
             (`for_model`), and a time budget plans its own.
-        learning_rate_scale: constant factor on the schedule (paper: 1).
+        learning_rate_scale: constant factor on the schedule (paper: 1). A
+            time budget's plan keeps the peak it gives over the planned warm-up.
+            Unless given, a time budget on a CPU takes its recipe's
+            (`recipes.RECIPES`).
         checkpoint_every: steps between checkpoints, dev-loss evaluations and
             log lines (planned from the budget when there is one). The default,
             250, is the CPU recipes'; a new run of a model with d_model 512 or

@@ -40,27 +40,40 @@ MEAN_LENGTH = 32
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """The settings a budget picks: the shared vocabulary's size, the source (and
-    target) tokens of a batch, P_drop, and the fewest updates for which it is
-    the better choice (`choose`)."""
+    target) tokens of a batch, P_drop, the schedule's `learning_rate_scale` (its
+    peak is `scale * (d_model * warmup_steps)^-0.5` at the configured warm-up,
+    300 unless given, and the budget's plan keeps it over its own warm-up), and the fewest updates for which it is the better choice
+    (`choose`)."""
 
     vocab_size: int
     tokens_per_batch: int
     dropout_rate: float
+    learning_rate_scale: float
     min_updates: int
 
     def describe(self):
         return (f"a vocabulary of {self.vocab_size} tokens, batches of "
-                f"{self.tokens_per_batch} tokens, dropout {self.dropout_rate:g}")
+                f"{self.tokens_per_batch} tokens, dropout {self.dropout_rate:g}, "
+                f"learning-rate scale {self.learning_rate_scale:g}")
 
 
 # Best first: each is taken when the budget affords it `min_updates`. A run of a
 # few hundred updates sees the corpus once or twice: dropout only slows it. The
-# large recipe overtakes the small one at about 1000 updates of its own
-# (benchmarks/recipe_curves.py on one CPU at two budgets: behind at 798, ahead at
-# 1050; docs/cpu-recipes.md); at 900 to 1000 the two are within half a BLEU point.
+# small recipe's peak learning rate is half the large one's (1.8e-3 against 3.6e-3
+# at d_model 256): at 532, 1260 and 2400 updates on the same batches it scored
+# 14.07, 23.32 and 28.23 against 11.03, 20.08 and 25.01 (the large recipe at 0.7 of
+# its peak: 24.57 against 25.15 at 1000 updates). So scaled, the small recipe stays
+# ahead of the large one in the same time: 28.23 at 2400 updates against 25.15 at
+# 1000, and 30.10 at 5000 against 27.79 at 1750, the most an 8-minute quickstart
+# gave the large recipe (fixed-step runs on a Zen 5 core, docs/cpu-recipes.md).
+# Where they cross was not measured; 2500 estimated updates keep the large recipe
+# for the budgets beyond those (the estimate runs high on some kinds: 2199 on that
+# Zen 5, whose quickstart ran 1738).
 RECIPES = (
-    Recipe(vocab_size=8000, tokens_per_batch=4096, dropout_rate=0.1, min_updates=900),
-    Recipe(vocab_size=4000, tokens_per_batch=2048, dropout_rate=0.0, min_updates=0),
+    Recipe(vocab_size=8000, tokens_per_batch=4096, dropout_rate=0.1, learning_rate_scale=1.0,
+           min_updates=2500),
+    Recipe(vocab_size=4000, tokens_per_batch=2048, dropout_rate=0.0, learning_rate_scale=0.5,
+           min_updates=0),
 )
 
 

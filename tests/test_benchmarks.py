@@ -302,7 +302,7 @@ def test_recipe_curves_prints_json(tmp_path):
     2-core Xeon, so that a budget of 18 s ended at its first checkpoint, and 28 s of
     an AMX-hidden Xeon running other tests beside it, where half a minute did too."""
     command = [sys.executable, os.path.join(ROOT, "benchmarks", "recipe_curves.py"),
-               "--recipes", "600/256/0", "--minutes", "1", "--dev-pairs", "5",
+               "--recipes", "600/256/0/0.5", "--minutes", "1", "--dev-pairs", "5",
                "--curve-points", "2", "--precision", "float32", "--out-dir",
                str(tmp_path / "out"), "--train-flags",
                "--model tiny --vocab-sentences 4000 --max-sentence-tokens 24 "
@@ -313,12 +313,17 @@ def test_recipe_curves_prints_json(tmp_path):
     assert not any(LIBRARY_LOG_LINE.match(line.encode())
                    for line in result.stderr.splitlines()), result.stderr[-3000:]
     report = json.loads(result.stdout)
-    record = report["recipes"]["600/256/0"]
-    assert (record["vocab_size"], record["tokens_per_batch"], record["dropout_rate"]) == (
-        600, 256, 0.0)
-    with open(tmp_path / "out" / "600-256-0" / "run" / "config.json") as f:
+    record = report["recipes"]["600/256/0/0.5"]
+    assert (record["vocab_size"], record["tokens_per_batch"], record["dropout_rate"],
+            record["learning_rate_scale"]) == (600, 256, 0.0, 0.5)
+    with open(tmp_path / "out" / "600-256-0-0.5" / "run" / "config.json") as f:
         config = json.load(f)
     assert config["model"]["dropout_rate"] == 0.0 and config["training"]["vocab_size"] == 600
+    # The recipe's peak (scale 0.5 at the default warm-up of 300), over the planned warm-up.
+    training = config["training"]
+    assert training["warmup_steps"] != 300
+    assert training["learning_rate_scale"] == pytest.approx(
+        0.5 * (training["warmup_steps"] / 300) ** 0.5, rel=1e-6)
     steps = [point["steps"] for point in record["curve"]]
     assert len(steps) == 2 and steps == sorted(steps) and steps[-1] == record["steps"]
     assert all(0 <= point["bleu"] <= 100 for point in record["curve"])

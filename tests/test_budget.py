@@ -1,7 +1,9 @@
 """The budget's recipe choice, its FLOP count and where a run's time goes."""
 
+import dataclasses
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -35,7 +37,7 @@ def test_the_budget_takes_the_first_recipe_that_gets_the_updates_it_needs():
     just_enough = (recipes.training_flops(config, big.vocab_size, big.tokens_per_batch)
                    / step_seconds / recipes.STEP_EFFICIENCY) * 1.001
     chosen, estimates = recipes.choose(config, 420, just_enough)
-    assert chosen == big and estimates == [(big, big.min_updates)]
+    assert chosen == big and estimates == [(big, int(big.min_updates * 1.001))]
     chosen, estimates = recipes.choose(config, 420, just_enough * 0.99)
     assert chosen == small
     assert [recipe for recipe, _ in estimates] == [big, small]
@@ -91,8 +93,14 @@ def test_train_chooses_the_recipe_at_this_cpus_step_efficiency(monkeypatch, flag
     expected = big if efficiency == recipes.STEP_EFFICIENCY else small
     assert (config.vocab_size, config.tokens_per_batch) == (expected.vocab_size,
                                                            expected.tokens_per_batch)
+    assert config.learning_rate_scale == expected.learning_rate_scale
     updates = recipes.estimated_updates(model_config, expected, 480, flops, efficiency)
     assert f"{expected.describe()}, about {updates} updates" in line, line
+    # A given --learning-rate-scale is kept.
+    given = dataclasses.replace(TrainingConfig(time_budget=8, precision="mixed_bfloat16"),
+                                learning_rate_scale=0.3)
+    kept = train.choose_recipe(given, model_config, recipes, device, keep_learning_rate=True)[0]
+    assert kept.learning_rate_scale == 0.3
 
 
 def test_the_time_account_sets_the_dev_passes_apart(monkeypatch):
@@ -331,15 +339,25 @@ def test_a_slow_cpu_gets_the_small_recipe_and_the_breakdown(tmp_path, monkeypatc
     model = TransformerConfig.preset("tiny", vocab_size=8000)
     updates = [recipes.estimated_updates(model, recipe, 24, slow) for recipe in (big, small)]
     assert (f"Recipe for 0.4 minutes on this CPU (float32 matrix multiplies at 5 GFLOP/s): "
-            f"a vocabulary of 4000 tokens, batches of 2048 tokens, dropout 0, about "
-            f"{updates[1]} updates; a vocabulary of 8000 tokens, batches of 4096 tokens, "
-            f"dropout 0.1 would get "
+            f"a vocabulary of 4000 tokens, batches of 2048 tokens, dropout 0, learning-rate "
+            f"scale 0.5, about {updates[1]} updates; a vocabulary of 8000 tokens, batches of "
+            f"4096 tokens, dropout 0.1, learning-rate scale 1 would get "
             f"about {updates[0]}, fewer than the {big.min_updates} it needs.") in out
     with open(os.path.join(run, "config.json")) as f:
         config = json.load(f)
     assert config["training"]["tokens_per_batch"] == 2048
     assert config["training"]["vocab_size"] == 4000
     assert config["model"]["dropout_rate"] == 0.0
+    # The small recipe's peak (its scale at the default warm-up of 300), over the
+    # planned warm-up.
+    peak = small.learning_rate_scale * (model.d_model * 300) ** -0.5
+    planned = re.search(r"warm-up (\d+) to learning rate ([\d.e+-]+)\.", out)
+    assert planned, out
+    assert float(planned.group(2)) == pytest.approx(peak, rel=1e-2)
+    warmup = int(planned.group(1))
+    assert config["training"]["warmup_steps"] == warmup
+    assert config["training"]["learning_rate_scale"] == pytest.approx(
+        small.learning_rate_scale * (warmup / 300) ** 0.5, rel=1e-6)
     line = next(line for line in out.splitlines() if line.startswith("Where the "))
     for phase in ("start-up", "vocabulary and batches", "timing steps", "steps",
                   "checkpoints", "dev passes", "averaging and saving"):

@@ -128,6 +128,12 @@ def test_budget_plan_from_the_steady_step():
     planned = kt.TransformerSchedule(256, plan.warmup_steps, plan.learning_rate_scale)
     np.testing.assert_allclose(float(planned(plan.warmup_steps - 1)), float(configured(299)),
                                rtol=1e-6)
+    # A given scale is planned over the planned warm-up; a given warm-up keeps both.
+    assert budget.planned_settings(plan, {"learning_rate_scale"}) == dict(
+        steps=steps, checkpoint_every=plan.checkpoint_every, warmup_steps=plan.warmup_steps,
+        learning_rate_scale=plan.learning_rate_scale)
+    assert budget.planned_settings(plan, {"warmup_steps", "checkpoint_every"}) == dict(
+        steps=steps)
     capped = budget.plan_for_budget(20, [0.5] * 20, 500.0, 5, 300, 1.0, max_steps=300)
     assert capped.steps == 300
     with pytest.raises(ValueError, match="at least one step"):

@@ -279,7 +279,8 @@ def configure(args, fields, model_overrides, explicit):
             and not {"vocab_size", "tokens_per_batch"} & explicit):
         config, model_config, recipe_line = choose_recipe(
             config, model_config, recipes, device,
-            keep_dropout="dropout_rate" in model_overrides or args.model_config is not None)
+            keep_dropout="dropout_rate" in model_overrides or args.model_config is not None,
+            keep_learning_rate="learning_rate_scale" in explicit)
         print(recipe_line, flush=True)
     return config, model_config, saved, strategy
 
@@ -541,9 +542,11 @@ def print_test_bleu(translator, test_pairs, config, decoding):
           f"({result['signature']})")
 
 
-def choose_recipe(config, model_config, recipes, device, keep_dropout=False):
+def choose_recipe(config, model_config, recipes, device, keep_dropout=False,
+                  keep_learning_rate=False):
     """`(config, model_config, line)`: the configs with the vocabulary size, batch
-    tokens and (unless `keep_dropout`) dropout of the recipe that this CPU's
+    tokens, (unless `keep_dropout`) dropout and (unless `keep_learning_rate`)
+    learning-rate scale of the recipe that this CPU's
     measured speed (`device.matmul_flops`, in the run's compute dtype) affords in
     the budget (`recipes.choose`, the step's share of that speed by the CPU's
     flags, `recipes.step_efficiency`), and a line saying what was chosen and why."""
@@ -559,6 +562,8 @@ def choose_recipe(config, model_config, recipes, device, keep_dropout=False):
                                        efficiency=efficiency)
     config = dataclasses.replace(config, vocab_size=recipe.vocab_size,
                                  tokens_per_batch=recipe.tokens_per_batch)
+    if not keep_learning_rate:
+        config = dataclasses.replace(config, learning_rate_scale=recipe.learning_rate_scale)
     if not keep_dropout:
         model_config = dataclasses.replace(model_config, dropout_rate=recipe.dropout_rate)
     passed = "".join(f"; {other.describe()} would get about {updates}, fewer than the "
