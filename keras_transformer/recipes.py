@@ -42,8 +42,8 @@ class Recipe:
     """The settings a budget picks: the shared vocabulary's size, the source (and
     target) tokens of a batch, P_drop, the schedule's `learning_rate_scale` (its
     peak is `scale * (d_model * warmup_steps)^-0.5` at the configured warm-up,
-    300 unless given, and the budget's plan keeps it over its own warm-up), and the fewest updates for which it is the better choice
-    (`choose`)."""
+    300 unless given, and the budget's plan keeps it over its own warm-up), and
+    the fewest updates for which it is the better choice (`choose`)."""
 
     vocab_size: int
     tokens_per_batch: int
