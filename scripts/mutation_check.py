@@ -18,16 +18,16 @@ process that has imported TensorFlow and pytest, but not the package, and forks 
 fresh pytest run for each mutant, so a mutant costs its tests up to their first
 failure, not TensorFlow's start-up as well. The mutants marked slow run a slow test.
 
-In CI as the slow test `tests/test_mutation_check.py::test_every_mutant_is_caught`,
-two at a time (`--jobs 2`), a third of the mutants a run (`--shard`, from
-MUTATION_SHARD, which .ci/run turns with the number of commits). On 2 cores of an
-Intel Xeon with AMX (2026-12-04) the 100 fast-guarded mutants took 240 s; on an
-AVX2-only AMD EPYC Zen 1, beside a test worker, 1293 s (2026-12-03), a seventh of
-CI's 90 minutes. On 2 cores of an AMD EPYC Zen 4 (2026-12-03), the 74 fast-guarded
-mutants took 384 s with the servers, 558 s with a pytest process per mutant (whose start-up was 502 of the mutants' 1115 s); in CI, beside a test worker,
-the latter took 1037 s. Name the test that catches a mutant (the report says which
-did), not its whole file: the two reference-column mutants took 44 and 53 s with
-test_evaluation.py, 11 s with their test.
+In CI as the slow test `tests/test_mutation_check.py::test_every_mutant_is_caught`, two
+at a time (`--jobs 2`), a third of the mutants a run (`--shard`, from MUTATION_SHARD,
+which .ci/run turns with the number of commits). On 2 cores of an Intel Xeon with AMX
+(2026-12-04) the 100 fast-guarded mutants took 240 s; on an AVX2-only AMD EPYC Zen 1,
+beside a test worker, 1293 s (2026-12-03), a seventh of CI's 90 minutes. On 2 cores of
+an AMD EPYC Zen 4 (2026-12-03), the 74 fast-guarded mutants took 384 s with the servers,
+558 s with a pytest process per mutant (whose start-up was 502 of the mutants' 1115 s);
+in CI, beside a test worker, the latter took 1037 s. Name the test that catches a mutant
+(the report says which did), not its whole file: the two reference-column mutants took
+44 and 53 s with test_evaluation.py, 11 s with their test.
 """
 
 import argparse
