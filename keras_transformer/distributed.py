@@ -35,11 +35,7 @@ def make_strategy(name="auto", tpu=""):
     """
     if name not in STRATEGIES:
         raise ValueError(f"Unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
-    if name == "auto":
-        cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
-        if len(cluster.get("worker", [])) + len(cluster.get("chief", [])) > 1:
-            name = "multi_worker"
-    if name == "multi_worker":
+    if spans_workers(name):
         if "TF_CONFIG" not in os.environ:
             raise ValueError(
                 "strategy 'multi_worker' needs the TF_CONFIG environment variable "
@@ -62,6 +58,15 @@ def make_strategy(name="auto", tpu=""):
     tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return tf.distribute.TPUStrategy(resolver)
+
+
+def spans_workers(name):
+    """Whether the strategy called `name` runs several workers: "multi_worker", or
+    "auto" where the `TF_CONFIG` environment variable names several tasks."""
+    if name == "auto":
+        cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+        return len(cluster.get("worker", [])) + len(cluster.get("chief", [])) > 1
+    return name == "multi_worker"
 
 
 def is_multi_worker(strategy):

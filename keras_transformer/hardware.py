@@ -204,9 +204,10 @@ def measure_cpu_matmuls(flags):
 
 def uses_measured_matmuls(config):
     """Whether training with `config` (a `TrainingConfig`) needs a CPU's matrix
-    multiplies measured: for a time budget's recipe, or for `--precision auto`
-    unless XLA is asked for (a CPU then gets float32 whatever they measure)."""
-    return bool(config.time_budget or (config.precision == AUTO and config.jit_compile != "on"))
+    multiplies measured: for `--precision auto` unless XLA is asked for (a CPU
+    then gets float32 whatever they measure). A time budget's recipe times real
+    steps instead (`training.time_training_step`)."""
+    return config.precision == AUTO and config.jit_compile != "on"
 
 
 def cpu_device(measure_matmuls=True):
@@ -219,7 +220,7 @@ def cpu_device(measure_matmuls=True):
 def detect(strategy, measure_matmuls=True):
     """The `Device` that `strategy`'s replicas run on; a CPU's matrix multiplies
     are measured (`measure_cpu_matmuls`, about a second) if `measure_matmuls`:
-    `--precision auto` and the budget's recipe need them."""
+    `--precision auto` needs them."""
     import tensorflow as tf
 
     if strategy is tf.distribute.get_strategy() and not tf.distribute.in_cross_replica_context():

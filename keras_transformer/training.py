@@ -37,6 +37,7 @@ from keras_transformer.model import build_transformer
 from keras_transformer.optimizers import adam
 from keras_transformer.runs import Checkpoints
 from keras_transformer.schedules import TransformerSchedule
+from keras_transformer.token_ids import EOS_ID
 
 
 def set_precision(precision):
@@ -79,6 +80,43 @@ def compile_for_training(model, label_smoothing=0.1, warmup_steps=PAPER_WARMUP_S
         jit_compile=jit_compile,
     )
     return schedule
+
+
+# `time_training_step` times a step on sentences of this many tokens (about the
+# mean padded length of the bundled corpus's batches), over this many steps after
+# the first, which traces the step.
+TIMED_SENTENCE_TOKENS = 32
+TIMED_STEPS = 3
+
+
+def time_training_step(model_config, tokens_per_batch, jit_compile=False,
+                       steps=TIMED_STEPS, sentence_tokens=TIMED_SENTENCE_TOKENS):
+    """The median wall-clock seconds of a training step of a new `model_config`
+    model, compiled as `compile_for_training` compiles it in the global dtype
+    policy, on a batch of random ids: `tokens_per_batch` source and as many
+    target tokens in sentences of `sentence_tokens`. The first step, which
+    traces (with `jit_compile`, compiles) the step, is not counted.
+
+    Clears Keras's session afterwards (the dtype policy kept), so that the models
+    a process builds next are named as they would be without this one.
+    """
+    policy = keras.config.dtype_policy()
+    model = build_transformer(model_config)
+    compile_for_training(model, model_config.label_smoothing, jit_compile=jit_compile)
+    rows = max(1, tokens_per_batch // sentence_tokens)
+    # Ids above the reserved ones, so that no position is padding.
+    ids = np.random.default_rng(0).integers(EOS_ID + 1, model_config.vocab_size,
+                                            (3, rows, sentence_tokens), dtype=np.int32)
+    inputs = {"encoder_inputs": ids[0], "decoder_inputs": ids[1]}
+    seconds = []
+    for _ in range(1 + steps):
+        start = time.perf_counter()
+        model.train_on_batch(inputs, ids[2])
+        seconds.append(time.perf_counter() - start)
+    del model
+    keras.backend.clear_session()
+    keras.config.set_dtype_policy(policy)
+    return float(np.median(seconds[1:]))
 
 
 # TensorFlow names each traced function "__inference_<name>_<n>", n from one

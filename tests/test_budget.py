@@ -1,106 +1,133 @@
-"""The budget's recipe choice, its FLOP count and where a run's time goes."""
+"""The budget's recipe choice from timed steps, its plan and where a run's time goes."""
 
 import dataclasses
 import json
 import os
 import re
-import sys
 
 import pytest
 
 from keras_transformer import budget
-from keras_transformer import hardware
 from keras_transformer import recipes
 from keras_transformer.config import TransformerConfig
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
-
-
-def test_training_flops_is_three_forward_passes_of_the_benchmarks_count():
-    from train_throughput import forward_flops
-
-    config = TransformerConfig.preset("cpu-small", vocab_size=8000)
-    # 4096 source and target tokens: 128 sentences of 32 tokens.
-    assert recipes.training_flops(config, 8000, 4096, mean_length=32) == 3 * forward_flops(
-        config, batch_size=128, source_length=32, target_length=32)
-    # The output layer: 2 x tokens x d_model x vocabulary, three times.
-    assert (recipes.training_flops(config, 8000, 4096) - recipes.training_flops(config, 4000, 4096)
-            == 3 * 2 * 4096 * 256 * 4000)
 
 
 def test_the_budget_takes_the_first_recipe_that_gets_the_updates_it_needs():
-    config = TransformerConfig.preset("cpu-small", vocab_size=8000)
     big, small = recipes.RECIPES
-    # The speed at which the big recipe gets exactly the updates it needs in 7 minutes.
-    step_seconds = 420 * recipes.STEP_SHARE / big.min_updates
-    just_enough = (recipes.training_flops(config, big.vocab_size, big.tokens_per_batch)
-                   / step_seconds / recipes.STEP_EFFICIENCY) * 1.001
-    chosen, estimates = recipes.choose(config, 420, just_enough)
+    # The step at which the big recipe gets exactly the updates it needs in 7 minutes.
+    just_enough = 420 * recipes.STEP_SHARE / big.min_updates / 1.001
+    chosen, estimates = recipes.choose(420, [just_enough, just_enough / 3])
     assert chosen == big and estimates == [(big, int(big.min_updates * 1.001))]
-    chosen, estimates = recipes.choose(config, 420, just_enough * 0.99)
+    chosen, estimates = recipes.choose(420, [just_enough * 1.01, just_enough / 3])
     assert chosen == small
-    assert [recipe for recipe, _ in estimates] == [big, small]
-    assert estimates[0][1] == int(big.min_updates * 1.001 * 0.99)  # rounded down
-    # Half the vocabulary and half the batch: more than twice the updates.
-    assert estimates[1][1] > 2 * estimates[0][1]
+    assert estimates == [(big, int(big.min_updates * 1.001 / 1.01)),  # rounded down
+                         (small, int(3 * big.min_updates * 1.001))]
+    with pytest.raises(ValueError):  # a time for each recipe
+        recipes.choose(420, [just_enough])
 
 
-def test_amx_bfloat16_steps_reach_a_smaller_share_of_the_probe():
-    """With AMX, a bfloat16 step reaches AMX_BFLOAT16_STEP_EFFICIENCY of the probe's
-    speed, elsewhere STEP_EFFICIENCY; the estimate scales with it, so a speed that
-    affords the big recipe at one share need not at the smaller."""
-    amx = {"amx_bf16": True, "avx512_bf16": True}
-    assert recipes.step_efficiency("bfloat16", amx) == recipes.AMX_BFLOAT16_STEP_EFFICIENCY
-    assert recipes.step_efficiency("float32", amx) == recipes.STEP_EFFICIENCY
-    assert recipes.step_efficiency("bfloat16", {"avx512_bf16": True}) == recipes.STEP_EFFICIENCY
-    config = TransformerConfig.preset("cpu-small", vocab_size=8000)
-    big, small = recipes.RECIPES
-    flops = 1e12
-    default = recipes.estimated_updates(config, big, 420, flops)
-    on_amx = recipes.estimated_updates(config, big, 420, flops,
-                                       recipes.AMX_BFLOAT16_STEP_EFFICIENCY)
-    step_seconds = recipes.training_flops(config, big.vocab_size, big.tokens_per_batch) / flops
-    assert on_amx == int(420 * recipes.STEP_SHARE * recipes.AMX_BFLOAT16_STEP_EFFICIENCY
-                         / step_seconds)
-    assert on_amx < default
-    just_enough = flops * big.min_updates / default * 1.01  # the big recipe, by a hair
-    assert recipes.choose(config, 420, just_enough)[0] == big
-    assert recipes.choose(config, 420, just_enough,
-                          efficiency=recipes.AMX_BFLOAT16_STEP_EFFICIENCY)[0] == small
+def test_a_timed_step_is_the_median_of_the_steps_after_the_first(monkeypatch):
+    """`time_training_step` leaves out the first (tracing) step and takes the
+    median of the rest, each on random non-padding ids in sentences of
+    TIMED_SENTENCE_TOKENS, as many rows as the batch's tokens fill."""
+    import keras
+
+    from keras_transformer import training
+    from keras_transformer.token_ids import EOS_ID
+
+    durations = iter([9.0, 0.6, 0.1, 0.2])  # median of the last 3: 0.2, mean 0.3
+    now = [0.0]
+    calls = []
+
+    def train_on_batch(model, inputs, targets):
+        calls.append((model.config, {name: ids.shape for name, ids in inputs.items()}, targets))
+        now[0] += next(durations)
+
+    monkeypatch.setattr(keras.Model, "train_on_batch", train_on_batch)
+    monkeypatch.setattr(training.time, "perf_counter", lambda: now[0])
+    config = TransformerConfig.preset("tiny", vocab_size=300)
+    assert training.time_training_step(config, 2048) == pytest.approx(0.2)
+    assert len(calls) == 1 + training.TIMED_STEPS
+    rows = 2048 // training.TIMED_SENTENCE_TOKENS
+    for model_config, shapes, targets in calls:
+        assert model_config == config
+        assert shapes == {"encoder_inputs": (rows, 32), "decoder_inputs": (rows, 32)}
+        assert targets.min() > EOS_ID and targets.max() < 300
 
 
-@pytest.mark.parametrize("flags, efficiency", [
-    ({"amx_bf16": True, "avx512_bf16": True}, recipes.AMX_BFLOAT16_STEP_EFFICIENCY),
-    ({"avx512_bf16": True}, recipes.STEP_EFFICIENCY),
-])
-def test_train_chooses_the_recipe_at_this_cpus_step_efficiency(monkeypatch, flags, efficiency):
-    """`keras-transformer train`'s choice in bfloat16 uses the step's share of the
-    probe's speed for the CPU it runs on: the same measured speed buys the big
-    recipe on an AVX512-BF16 CPU and the small one with AMX, and the line states
-    the updates of that share."""
+def test_timing_a_step_leaves_the_names_and_the_precision_as_they_were():
+    """After a timed step, a model is built as in a process that timed none:
+    the same layer names (the session cleared), in the same dtype policy."""
+    import keras
+
+    import keras_transformer as kt
+    from keras_transformer import training
+
+    def names(model):  # those Keras numbers itself included (its dropouts')
+        return ([layer.name for layer in model._flatten_layers()]
+                + [variable.path for variable in model.variables])
+
+    config = TransformerConfig.preset("tiny", vocab_size=300)
+    keras.backend.clear_session()  # a process that timed no step
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        built = names(kt.build_transformer(config))
+        keras.backend.clear_session()  # and one that times one
+        keras.config.set_dtype_policy("mixed_bfloat16")
+        seconds = training.time_training_step(config, 256)
+        assert 0 < seconds < 60
+        assert keras.config.dtype_policy().name == "mixed_bfloat16"
+        assert names(kt.build_transformer(config)) == built
+    finally:
+        keras.config.set_dtype_policy("float32")
+        keras.backend.clear_session()
+
+
+def test_train_chooses_the_recipe_from_the_steps_it_times(monkeypatch, capsys):
+    """`keras-transformer train` times a step of each recipe (its vocabulary,
+    dropout and batch), takes the first whose updates in the budget reach its
+    `min_updates`, and says the updates and the step times it went by."""
+    from keras_transformer import training
     from keras_transformer.cli import train
     from keras_transformer.config import TrainingConfig
 
     model_config = TransformerConfig.preset("cpu-small", vocab_size=8000)
     big, small = recipes.RECIPES
-    # The big recipe's updates at STEP_EFFICIENCY, by a hair.
-    flops = 1e12 * big.min_updates / recipes.estimated_updates(model_config, big, 480, 1e12) * 1.01
-    device = hardware.Device("cpu", cpu_flags=flags,
-                             matmul_flops={"float32": flops / 2, "bfloat16": flops})
-    config = TrainingConfig(time_budget=8, precision="mixed_bfloat16")
-    config, _, line = train.choose_recipe(config, model_config, recipes, device)
-    expected = big if efficiency == recipes.STEP_EFFICIENCY else small
-    assert (config.vocab_size, config.tokens_per_batch) == (expected.vocab_size,
-                                                           expected.tokens_per_batch)
-    assert config.learning_rate_scale == expected.learning_rate_scale
-    updates = recipes.estimated_updates(model_config, expected, 480, flops, efficiency)
-    assert f"{expected.describe()}, about {updates} updates" in line, line
-    # A given --learning-rate-scale is kept.
+    budget_seconds = 480
+    just_enough = budget_seconds * recipes.STEP_SHARE / big.min_updates
+    timed = []
+
+    def time_training_step(config, tokens_per_batch, jit_compile=False):
+        timed.append((config.vocab_size, config.dropout_rate, tokens_per_batch))
+        return seconds[config.vocab_size]
+
+    monkeypatch.setattr(training, "time_training_step", time_training_step)
+    for big_seconds, expected in ((just_enough * 0.99, big), (just_enough * 1.01, small)):
+        seconds = {big.vocab_size: big_seconds, small.vocab_size: 0.07}
+        timed.clear()
+        config = TrainingConfig(time_budget=8, precision="mixed_bfloat16")
+        config, chosen_model, line = train.choose_recipe(config, model_config)
+        assert timed == [(recipe.vocab_size, recipe.dropout_rate, recipe.tokens_per_batch)
+                         for recipe in recipes.RECIPES]
+        assert (config.vocab_size, config.tokens_per_batch) == (expected.vocab_size,
+                                                               expected.tokens_per_batch)
+        assert config.learning_rate_scale == expected.learning_rate_scale
+        assert chosen_model.dropout_rate == expected.dropout_rate
+        updates = recipes.estimated_updates(budget_seconds, seconds[expected.vocab_size])
+        assert (f"Recipe for 8 minutes on this CPU: {expected.describe()}, about {updates} "
+                f"updates ({seconds[expected.vocab_size]:.3f} s a step)") in line, line
+        if expected == small:
+            assert (f"{big.describe()} would get about "
+                    f"{recipes.estimated_updates(budget_seconds, big_seconds)} "
+                    f"({big_seconds:.3f} s a step), fewer than the {big.min_updates} it needs."
+                    ) in line, line
+    # A given --learning-rate-scale and dropout are kept.
     given = dataclasses.replace(TrainingConfig(time_budget=8, precision="mixed_bfloat16"),
                                 learning_rate_scale=0.3)
-    kept = train.choose_recipe(given, model_config, recipes, device, keep_learning_rate=True)[0]
-    assert kept.learning_rate_scale == 0.3
+    kept, kept_model, _ = train.choose_recipe(given, model_config,
+                                              keep_dropout=True, keep_learning_rate=True)
+    assert kept.learning_rate_scale == 0.3 and kept_model.dropout_rate == model_config.dropout_rate
 
 
 def test_the_time_account_sets_the_dev_passes_apart(monkeypatch):
@@ -326,8 +353,12 @@ def test_training_batches_have_no_autotuning_thread(tokenizer):
 def test_a_slow_cpu_gets_the_small_recipe_and_the_breakdown(tmp_path, monkeypatch, capsys):
     from keras_transformer.cli import train
 
-    slow = 5e9  # FLOP/s: the tiny model gets a few hundred updates of the big recipe
-    monkeypatch.setattr(hardware, "matmul_flops_per_second", lambda dtype: slow)
+    from keras_transformer import training
+
+    # A slow CPU's steps: the big recipe gets a few hundred updates in 24 seconds.
+    seconds = {8000: 0.05, 4000: 0.02}
+    monkeypatch.setattr(training, "time_training_step",
+                        lambda config, tokens, jit_compile=False: seconds[config.vocab_size])
     run = str(tmp_path / "run")
     assert train.main(["--out", run, "--model", "tiny", "--time-budget", "0.4",
                        "--vocab-sentences", "4000",
@@ -337,12 +368,13 @@ def test_a_slow_cpu_gets_the_small_recipe_and_the_breakdown(tmp_path, monkeypatc
     out = capsys.readouterr().out
     big, small = recipes.RECIPES
     model = TransformerConfig.preset("tiny", vocab_size=8000)
-    updates = [recipes.estimated_updates(model, recipe, 24, slow) for recipe in (big, small)]
-    assert (f"Recipe for 0.4 minutes on this CPU (float32 matrix multiplies at 5 GFLOP/s): "
+    updates = [recipes.estimated_updates(24, seconds[recipe.vocab_size]) for recipe in (big, small)]
+    assert (f"Recipe for 0.4 minutes on this CPU: "
             f"a vocabulary of 4000 tokens, batches of 2048 tokens, dropout 0, learning-rate "
-            f"scale 0.5, about {updates[1]} updates; a vocabulary of 8000 tokens, batches of "
-            f"4096 tokens, dropout 0.1, learning-rate scale 1 would get "
-            f"about {updates[0]}, fewer than the {big.min_updates} it needs.") in out
+            f"scale 0.5, about {updates[1]} updates (0.020 s a step); a vocabulary of 8000 "
+            f"tokens, batches of 4096 tokens, dropout 0.1, learning-rate scale 1 would get "
+            f"about {updates[0]} (0.050 s a step), fewer than the {big.min_updates} it needs."
+            ) in out
     with open(os.path.join(run, "config.json")) as f:
         config = json.load(f)
     assert config["training"]["tokens_per_batch"] == 2048
@@ -359,6 +391,6 @@ def test_a_slow_cpu_gets_the_small_recipe_and_the_breakdown(tmp_path, monkeypatc
     assert config["training"]["learning_rate_scale"] == pytest.approx(
         small.learning_rate_scale * (warmup / 300) ** 0.5, rel=1e-6)
     line = next(line for line in out.splitlines() if line.startswith("Where the "))
-    for phase in ("start-up", "vocabulary and batches", "timing steps", "steps",
-                  "checkpoints", "dev passes", "averaging and saving"):
+    for phase in ("start-up", "timing the recipes", "vocabulary and batches", "timing steps",
+                  "steps", "checkpoints", "dev passes", "averaging and saving"):
         assert f"{phase} " in line, line

@@ -175,8 +175,8 @@ def test_parallel_searches_one_per_core_without_xla_on_a_cpu():
     ({}, True),                                           # --precision auto, --jit-compile auto
     ({"jit_compile": "on"}, False),                       # XLA: float32 on a CPU, no probe
     ({"precision": "float32"}, False),                    # nothing left to choose
-    ({"precision": "float32", "time_budget": 8.0}, True),  # the budget's recipe needs it
-    ({"jit_compile": "on", "time_budget": 8.0}, True),
+    ({"precision": "float32", "time_budget": 8.0}, False),  # the budget times real steps
+    ({"time_budget": 8.0}, True),
 ])
 def test_the_cpu_is_measured_only_where_its_figures_are_used(settings, measured):
     assert hardware.uses_measured_matmuls(TrainingConfig(**settings)) is measured

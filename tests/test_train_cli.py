@@ -141,6 +141,21 @@ def test_bad_flags_and_paths_give_one_line(args, message, tmp_path, capsys):
     assert "Training on" not in captured.out, captured.out
 
 
+def test_a_budget_under_a_tf_config_of_several_workers_is_refused(tmp_path, monkeypatch, capsys):
+    """--strategy auto takes a TF_CONFIG of several tasks for a multi-worker run,
+    where each worker would choose its recipe and plan from its own timings: one
+    line says so before any strategy is made or anything is written."""
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["localhost:1",
+                                                                       "localhost:2"]},
+                                                "task": {"type": "worker", "index": 0}}))
+    assert train.main(["--time-budget", "5", "--out", str(tmp_path / "run"), "--verbose"]) == 2
+    captured = capsys.readouterr()
+    assert ("keras-transformer train: --time-budget must be 0 on a multi-worker run "
+            "(--strategy auto found several tasks in TF_CONFIG)") in captured.err, captured.err
+    assert "Training on" not in captured.out
+    assert not os.path.exists(tmp_path / "run")
+
+
 @pytest.mark.parametrize("flags, expected", [
     ("", "--xla_gpu_enable_triton_gemm=false"),
     ("--xla_dump_to=/tmp/hlo", "--xla_dump_to=/tmp/hlo --xla_gpu_enable_triton_gemm=false"),

@@ -166,7 +166,8 @@ def run(args, fields, model_overrides, explicit, start, prog=PROG):
     account = budget.TimeAccount(start["wall"])
     run_dir = runs.Run(args.out)
     # === Config: flags, or the saved config of the run being resumed; the device ===
-    config, model_config, saved, strategy = configure(args, fields, model_overrides, explicit)
+    config, model_config, saved, strategy = configure(args, fields, model_overrides, explicit,
+                                                      account)
     account.mark("start-up")
     # On a multi-worker run every worker computes, only the chief writes, and --out
     # must be on a filesystem all workers share (they read its vocab and checkpoints).
@@ -242,16 +243,16 @@ def run(args, fields, model_overrides, explicit, start, prog=PROG):
     return 0
 
 
-def configure(args, fields, model_overrides, explicit):
+def configure(args, fields, model_overrides, explicit, account):
     """`(config, model_config, saved, strategy)`: the configs (`resolve_configs`),
     with the "auto" settings resolved for the strategy's device and, on a CPU with
-    a time budget, the recipe that this CPU's speed affords; `saved` is the
-    resumed run's config.json or None. Sets the seed and the precision."""
+    a time budget, the recipe that this CPU's speed affords (its time marked on
+    `account`); `saved` is the resumed run's config.json or None. Sets the seed
+    and the precision."""
     import keras
 
     from keras_transformer import distributed
     from keras_transformer import hardware
-    from keras_transformer import recipes
     from keras_transformer import run_configs
     from keras_transformer import training
 
@@ -261,27 +262,35 @@ def configure(args, fields, model_overrides, explicit):
     except ValueError as error:
         raise ValueError(config_error(error, args.model_config is None)) from None
     check_corpus_files(config.data, used_splits(config))
+    if config.time_budget and distributed.spans_workers(config.strategy):
+        raise ValueError(  # --strategy multi_worker itself is refused with the flags
+            "--time-budget must be 0 on a multi-worker run (--strategy auto found several "
+            "tasks in TF_CONFIG), whose workers cannot plan from one process's timings: "
+            f"give --steps instead. Received: --time-budget={config.time_budget:g}")
     # The strategy first: a multi-worker one configures collectives, which must
     # happen before TensorFlow runs anything.
     strategy = distributed.make_strategy(config.strategy, tpu=args.tpu)
     # "auto" settings fit the device: XLA, bfloat16 and few batch shapes on accelerators;
-    # on a CPU, bfloat16 where its measured product pays, and the budget's recipe; the
-    # products are measured only where used (about a second).
+    # on a CPU, bfloat16 where its measured product pays (measured only where used,
+    # about a second), and below, the recipe whose timed steps fit the budget.
     device = hardware.detect(strategy, measure_matmuls=hardware.uses_measured_matmuls(config))
     config, device_line = hardware.resolve(config, device)
     print(device_line, flush=True)
     if saved is None:
         print_paper_settings(config, fields, model_config.d_model)
-    keras.utils.set_random_seed(config.seed)
     training.set_precision(config.precision)
     # A budget on a CPU: the vocabulary and batches that this CPU's speed affords.
     if (config.time_budget and saved is None and device.kind == "cpu" and not config.init_from
             and not {"vocab_size", "tokens_per_batch"} & explicit):
+        account.mark("start-up")
         config, model_config, recipe_line = choose_recipe(
-            config, model_config, recipes, device,
+            config, model_config,
             keep_dropout="dropout_rate" in model_overrides or args.model_config is not None,
             keep_learning_rate="learning_rate_scale" in explicit)
         print(recipe_line, flush=True)
+        account.mark("timing the recipes")
+    # After the recipes' timed steps, so that the run's model starts as it would without.
+    keras.utils.set_random_seed(config.seed)
     return config, model_config, saved, strategy
 
 
@@ -542,32 +551,34 @@ def print_test_bleu(translator, test_pairs, config, decoding):
           f"({result['signature']})")
 
 
-def choose_recipe(config, model_config, recipes, device, keep_dropout=False,
-                  keep_learning_rate=False):
+def choose_recipe(config, model_config, keep_dropout=False, keep_learning_rate=False):
     """`(config, model_config, line)`: the configs with the vocabulary size, batch
     tokens, (unless `keep_dropout`) dropout and (unless `keep_learning_rate`)
-    learning-rate scale of the recipe that this CPU's
-    measured speed (`device.matmul_flops`, in the run's compute dtype) affords in
-    the budget (`recipes.choose`, the step's share of that speed by the CPU's
-    flags, `recipes.step_efficiency`), and a line saying what was chosen and why."""
-    import keras
+    learning-rate scale of the recipe that this CPU affords in the budget
+    (`recipes.choose`), from a step of each recipe timed here
+    (`training.time_training_step`), and a line saying what was chosen and why."""
+    from keras_transformer import recipes
+    from keras_transformer import training
 
-    from keras_transformer import hardware
-
-    compute_dtype = keras.DTypePolicy(config.precision).compute_dtype
-    flops = (device.matmul_flops.get(compute_dtype)
-             or hardware.matmul_flops_per_second(compute_dtype))
-    efficiency = recipes.step_efficiency(compute_dtype, device.cpu_flags)
-    recipe, estimates = recipes.choose(model_config, config.time_budget * 60, flops,
-                                       efficiency=efficiency)
+    print(f"Timing a training step of each recipe for the {config.time_budget:g}-minute "
+          "budget...", flush=True)
+    step_seconds = [
+        training.time_training_step(
+            dataclasses.replace(model_config, vocab_size=recipe.vocab_size,
+                                dropout_rate=recipe.dropout_rate),
+            recipe.tokens_per_batch, jit_compile=config.jit_compile == "on")
+        for recipe in recipes.RECIPES]
+    recipe, estimates = recipes.choose(config.time_budget * 60, step_seconds)
     config = dataclasses.replace(config, vocab_size=recipe.vocab_size,
                                  tokens_per_batch=recipe.tokens_per_batch)
     if not keep_learning_rate:
         config = dataclasses.replace(config, learning_rate_scale=recipe.learning_rate_scale)
     if not keep_dropout:
         model_config = dataclasses.replace(model_config, dropout_rate=recipe.dropout_rate)
-    passed = "".join(f"; {other.describe()} would get about {updates}, fewer than the "
-                     f"{other.min_updates} it needs" for other, updates in estimates[:-1])
-    return config, model_config, (f"Recipe for {config.time_budget:g} minutes on this CPU ({compute_dtype} "
-                    f"matrix multiplies at {flops / 1e9:.0f} GFLOP/s): {recipe.describe()}, "
-                    f"about {estimates[-1][1]} updates{passed}.")
+    seconds = dict(zip(recipes.RECIPES, step_seconds))
+    passed = "".join(f"; {other.describe()} would get about {updates} ({seconds[other]:.3f} s "
+                     f"a step), fewer than the {other.min_updates} it needs"
+                     for other, updates in estimates[:-1])
+    return config, model_config, (
+        f"Recipe for {config.time_budget:g} minutes on this CPU: {recipe.describe()}, about "
+        f"{estimates[-1][1]} updates ({seconds[recipe]:.3f} s a step){passed}.")
