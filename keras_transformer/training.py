@@ -89,13 +89,15 @@ TIMED_SENTENCE_TOKENS = 32
 TIMED_STEPS = 3
 
 
-def time_training_step(model_config, tokens_per_batch, jit_compile=False,
+def time_training_step(model_config, tokens_per_batch, jit_compile=False, clock=time.monotonic,
                        steps=TIMED_STEPS, sentence_tokens=TIMED_SENTENCE_TOKENS):
-    """The median wall-clock seconds of a training step of a new `model_config`
-    model, compiled as `compile_for_training` compiles it in the global dtype
-    policy, on a batch of random ids: `tokens_per_batch` source and as many
-    target tokens in sentences of `sentence_tokens`. The first step, which
-    traces (with `jit_compile`, compiles) the step, is not counted.
+    """The median seconds, on `clock` (`time.monotonic`: wall clock;
+    `time.process_time`: the process's CPU time, all its threads), of a training
+    step of a new `model_config` model, compiled as `compile_for_training`
+    compiles it in the global dtype policy, on a batch of random ids:
+    `tokens_per_batch` source and as many target tokens in sentences of
+    `sentence_tokens`. The first step, which traces (with `jit_compile`,
+    compiles) the step, is not counted.
 
     Clears Keras's session afterwards (the dtype policy kept), so that the models
     a process builds next are named as they would be without this one.
@@ -110,9 +112,9 @@ def time_training_step(model_config, tokens_per_batch, jit_compile=False,
     inputs = {"encoder_inputs": ids[0], "decoder_inputs": ids[1]}
     seconds = []
     for _ in range(1 + steps):
-        start = time.perf_counter()
+        start = clock()
         model.train_on_batch(inputs, ids[2])
-        seconds.append(time.perf_counter() - start)
+        seconds.append(clock() - start)
     del model
     keras.backend.clear_session()
     keras.config.set_dtype_policy(policy)

@@ -45,9 +45,8 @@ def test_a_timed_step_is_the_median_of_the_steps_after_the_first(monkeypatch):
         now[0] += next(durations)
 
     monkeypatch.setattr(keras.Model, "train_on_batch", train_on_batch)
-    monkeypatch.setattr(training.time, "perf_counter", lambda: now[0])
     config = TransformerConfig.preset("tiny", vocab_size=300)
-    assert training.time_training_step(config, 2048) == pytest.approx(0.2)
+    assert training.time_training_step(config, 2048, clock=lambda: now[0]) == pytest.approx(0.2)
     assert len(calls) == 1 + training.TIMED_STEPS
     rows = 2048 // training.TIMED_SENTENCE_TOKENS
     for model_config, shapes, targets in calls:
@@ -98,7 +97,8 @@ def test_train_chooses_the_recipe_from_the_steps_it_times(monkeypatch, capsys):
     just_enough = budget_seconds * recipes.STEP_SHARE / big.min_updates
     timed = []
 
-    def time_training_step(config, tokens_per_batch, jit_compile=False):
+    def time_training_step(config, tokens_per_batch, jit_compile=False, clock=None):
+        assert clock is budget.CLOCKS["wall"]  # the budget's clock
         timed.append((config.vocab_size, config.dropout_rate, tokens_per_batch))
         return seconds[config.vocab_size]
 
@@ -122,6 +122,17 @@ def test_train_chooses_the_recipe_from_the_steps_it_times(monkeypatch, capsys):
                     f"{recipes.estimated_updates(budget_seconds, big_seconds)} "
                     f"({big_seconds:.3f} s a step), fewer than the {big.min_updates} it needs."
                     ) in line, line
+    # A budget on the CPU clock times CPU-seconds, and says so.
+    monkeypatch.setattr(training, "time_training_step",
+                        lambda config, tokens, jit_compile=False, clock=None: (
+                            0.2 if clock is budget.CLOCKS["cpu"] else 0.1))
+    config = TrainingConfig(time_budget=8, time_budget_clock="cpu")
+    _, _, line = train.choose_recipe(config, model_config)
+    updates = recipes.estimated_updates(budget_seconds, 0.2)
+    assert line.startswith(
+        f"Recipe for 8 minutes of CPU time on this CPU: {small.describe()}, about {updates} "
+        f"updates (0.200 CPU-seconds a step); {big.describe()} would get about {updates} "
+        "(0.200 CPU-seconds a step)"), line
     # A given --learning-rate-scale and dropout are kept.
     given = dataclasses.replace(TrainingConfig(time_budget=8, precision="mixed_bfloat16"),
                                 learning_rate_scale=0.3)
@@ -358,7 +369,8 @@ def test_a_slow_cpu_gets_the_small_recipe_and_the_breakdown(tmp_path, monkeypatc
     # A slow CPU's steps: the big recipe gets a few hundred updates in 24 seconds.
     seconds = {8000: 0.05, 4000: 0.02}
     monkeypatch.setattr(training, "time_training_step",
-                        lambda config, tokens, jit_compile=False: seconds[config.vocab_size])
+                        lambda config, tokens, jit_compile=False, clock=None:
+                        seconds[config.vocab_size])
     run = str(tmp_path / "run")
     assert train.main(["--out", run, "--model", "tiny", "--time-budget", "0.4",
                        "--vocab-sentences", "4000",

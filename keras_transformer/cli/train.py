@@ -555,8 +555,10 @@ def choose_recipe(config, model_config, keep_dropout=False, keep_learning_rate=F
     """`(config, model_config, line)`: the configs with the vocabulary size, batch
     tokens, (unless `keep_dropout`) dropout and (unless `keep_learning_rate`)
     learning-rate scale of the recipe that this CPU affords in the budget
-    (`recipes.choose`), from a step of each recipe timed here
-    (`training.time_training_step`), and a line saying what was chosen and why."""
+    (`recipes.choose`), from a step of each recipe timed here on the budget's
+    clock (`training.time_training_step`: on the CPU clock, a step costs its
+    CPU-seconds on all cores), and a line saying what was chosen and why."""
+    from keras_transformer import budget
     from keras_transformer import recipes
     from keras_transformer import training
 
@@ -566,7 +568,8 @@ def choose_recipe(config, model_config, keep_dropout=False, keep_learning_rate=F
         training.time_training_step(
             dataclasses.replace(model_config, vocab_size=recipe.vocab_size,
                                 dropout_rate=recipe.dropout_rate),
-            recipe.tokens_per_batch, jit_compile=config.jit_compile == "on")
+            recipe.tokens_per_batch, jit_compile=config.jit_compile == "on",
+            clock=budget.CLOCKS[config.time_budget_clock])
         for recipe in recipes.RECIPES]
     recipe, estimates = recipes.choose(config.time_budget * 60, step_seconds)
     config = dataclasses.replace(config, vocab_size=recipe.vocab_size,
@@ -576,9 +579,11 @@ def choose_recipe(config, model_config, keep_dropout=False, keep_learning_rate=F
     if not keep_dropout:
         model_config = dataclasses.replace(model_config, dropout_rate=recipe.dropout_rate)
     seconds = dict(zip(recipes.RECIPES, step_seconds))
-    passed = "".join(f"; {other.describe()} would get about {updates} ({seconds[other]:.3f} s "
-                     f"a step), fewer than the {other.min_updates} it needs"
+    unit = "CPU-seconds" if config.time_budget_clock == "cpu" else "s"
+    passed = "".join(f"; {other.describe()} would get about {updates} ({seconds[other]:.3f} "
+                     f"{unit} a step), fewer than the {other.min_updates} it needs"
                      for other, updates in estimates[:-1])
     return config, model_config, (
-        f"Recipe for {config.time_budget:g} minutes on this CPU: {recipe.describe()}, about "
-        f"{estimates[-1][1]} updates ({seconds[recipe]:.3f} s a step){passed}.")
+        f"Recipe for {config.time_budget:g} minutes{' of CPU time' if unit != 's' else ''} on "
+        f"this CPU: {recipe.describe()}, about "
+        f"{estimates[-1][1]} updates ({seconds[recipe]:.3f} {unit} a step){passed}.")
