@@ -3,10 +3,10 @@
 A short budget on a slow CPU buys few updates, and a recipe tuned on a fast CPU
 then learns nothing useful in them (docs/cpu-recipes.md has such runs). Before
 the vocabulary is built, `keras-transformer train --time-budget N` times a
-training step of each recipe of `RECIPES` on random ids
-(`training.time_training_step`), estimates the updates each would get in the
-budget (`estimated_updates`), and takes the first recipe that gets the updates
-it needs (`choose`): the bigger vocabulary and batches where the machine affords
+training step of the recipes of `RECIPES` on random ids
+(`training.time_training_step`), best first, estimates the updates each would
+get in the budget (`estimated_updates`), and takes the first recipe that gets
+the updates it needs (`choose`): the bigger vocabulary and batches where the machine affords
 them, smaller ones (cheaper output layer, more and smaller updates) where it does
 not. `benchmarks/recipe_curves.py` measures BLEU against updates and CPU-seconds
 for each recipe; the table and the figures behind `RECIPES` are in the CPU
@@ -65,15 +65,13 @@ def estimated_updates(budget_seconds, step_seconds):
 
 def choose(budget_seconds, step_seconds, recipes=RECIPES):
     """`(recipe, estimates)`: the first of `recipes` whose estimated updates reach
-    its `min_updates` (the last one otherwise), and `[(recipe, updates)]` for the
-    recipes tried, the chosen one last. `step_seconds`: the seconds of a step of
-    each recipe, in the order of `recipes`."""
-    if len(step_seconds) != len(recipes):
-        raise ValueError(f"choose needs a step time for each of the {len(recipes)} recipes. "
-                         f"Received: {len(step_seconds)}")
+    its `min_updates` (the last one otherwise), and `[(recipe, updates, seconds)]`
+    for the recipes tried, the chosen one last. `step_seconds(recipe)`: the
+    seconds of a step of `recipe`, asked only of the recipes tried."""
     estimates = []
-    for recipe, seconds in zip(recipes, step_seconds):
-        estimates.append((recipe, estimated_updates(budget_seconds, seconds)))
+    for recipe in recipes:
+        seconds = step_seconds(recipe)
+        estimates.append((recipe, estimated_updates(budget_seconds, seconds), seconds))
         if estimates[-1][1] >= recipe.min_updates:
             break
     return estimates[-1][0], estimates

@@ -4,7 +4,7 @@
 # reload the export to translate sample sentences (translate), and print its
 # sacreBLEU on 500 test pairs (evaluate), with the command that pip installed.
 # Training gets 8 of the job's 10 minutes, and chooses its vocabulary, batch size,
-# dropout and learning rate from a timed step of each recipe (docs/cpu-recipes.md,
+# dropout and learning rate from timed training steps (docs/cpu-recipes.md,
 # with the figures). Extra arguments go to keras-transformer train, e.g. --time-budget 20
 # for a better model. Run again, the run's budget is spent and it exports it again;
 # a larger --time-budget trains it on, and removing runs/quickstart starts anew.

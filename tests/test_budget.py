@@ -17,14 +17,14 @@ def test_the_budget_takes_the_first_recipe_that_gets_the_updates_it_needs():
     big, small = recipes.RECIPES
     # The step at which the big recipe gets exactly the updates it needs in 7 minutes.
     just_enough = 420 * recipes.STEP_SHARE / big.min_updates / 1.001
-    chosen, estimates = recipes.choose(420, [just_enough, just_enough / 3])
-    assert chosen == big and estimates == [(big, int(big.min_updates * 1.001))]
-    chosen, estimates = recipes.choose(420, [just_enough * 1.01, just_enough / 3])
+    # The small recipe's step is not timed where the big one gets its updates.
+    chosen, estimates = recipes.choose(420, {big: just_enough}.__getitem__)
+    assert chosen == big and estimates == [(big, int(big.min_updates * 1.001), just_enough)]
+    step_seconds = {big: just_enough * 1.01, small: just_enough / 3}
+    chosen, estimates = recipes.choose(420, step_seconds.__getitem__)
     assert chosen == small
-    assert estimates == [(big, int(big.min_updates * 1.001 / 1.01)),  # rounded down
-                         (small, int(3 * big.min_updates * 1.001))]
-    with pytest.raises(ValueError):  # a time for each recipe
-        recipes.choose(420, [just_enough])
+    assert estimates == [(big, int(big.min_updates * 1.001 / 1.01), step_seconds[big]),  # down
+                         (small, int(3 * big.min_updates * 1.001), step_seconds[small])]
 
 
 def test_a_timed_step_is_the_median_of_the_steps_after_the_first(monkeypatch):
@@ -84,9 +84,9 @@ def test_timing_a_step_leaves_the_names_and_the_precision_as_they_were():
 
 
 def test_train_chooses_the_recipe_from_the_steps_it_times(monkeypatch, capsys):
-    """`keras-transformer train` times a step of each recipe (its vocabulary,
-    dropout and batch), takes the first whose updates in the budget reach its
-    `min_updates`, and says the updates and the step times it went by."""
+    """`keras-transformer train` times a step of the recipes (their vocabulary,
+    dropout and batch) best first, takes the first whose updates in the budget
+    reach its `min_updates`, and says the updates and the step times it went by."""
     from keras_transformer import training
     from keras_transformer.cli import train
     from keras_transformer.config import TrainingConfig
@@ -108,8 +108,9 @@ def test_train_chooses_the_recipe_from_the_steps_it_times(monkeypatch, capsys):
         timed.clear()
         config = TrainingConfig(time_budget=8, precision="mixed_bfloat16")
         config, chosen_model, line = train.choose_recipe(config, model_config)
+        tried = recipes.RECIPES[:recipes.RECIPES.index(expected) + 1]  # big first
         assert timed == [(recipe.vocab_size, recipe.dropout_rate, recipe.tokens_per_batch)
-                         for recipe in recipes.RECIPES]
+                         for recipe in tried]
         assert (config.vocab_size, config.tokens_per_batch) == (expected.vocab_size,
                                                                expected.tokens_per_batch)
         assert config.learning_rate_scale == expected.learning_rate_scale
@@ -133,12 +134,16 @@ def test_train_chooses_the_recipe_from_the_steps_it_times(monkeypatch, capsys):
         f"Recipe for 8 minutes of CPU time on this CPU: {small.describe()}, about {updates} "
         f"updates (0.200 CPU-seconds a step); {big.describe()} would get about {updates} "
         "(0.200 CPU-seconds a step)"), line
-    # A given --learning-rate-scale and dropout are kept.
+    # A given --learning-rate-scale and dropout are kept, and the steps timed with that dropout.
+    monkeypatch.setattr(training, "time_training_step", time_training_step)
+    timed.clear()
     given = dataclasses.replace(TrainingConfig(time_budget=8, precision="mixed_bfloat16"),
                                 learning_rate_scale=0.3)
-    kept, kept_model, _ = train.choose_recipe(given, model_config,
+    given_model = dataclasses.replace(model_config, dropout_rate=0.3)
+    kept, kept_model, _ = train.choose_recipe(given, given_model,
                                               keep_dropout=True, keep_learning_rate=True)
-    assert kept.learning_rate_scale == 0.3 and kept_model.dropout_rate == model_config.dropout_rate
+    assert kept.learning_rate_scale == 0.3 and kept_model.dropout_rate == 0.3
+    assert [dropout for _, dropout, _ in timed] == [0.3, 0.3]
 
 
 def test_the_time_account_sets_the_dev_passes_apart(monkeypatch):

@@ -555,22 +555,25 @@ def choose_recipe(config, model_config, keep_dropout=False, keep_learning_rate=F
     """`(config, model_config, line)`: the configs with the vocabulary size, batch
     tokens, (unless `keep_dropout`) dropout and (unless `keep_learning_rate`)
     learning-rate scale of the recipe that this CPU affords in the budget
-    (`recipes.choose`), from a step of each recipe timed here on the budget's
-    clock (`training.time_training_step`: on the CPU clock, a step costs its
-    CPU-seconds on all cores), and a line saying what was chosen and why."""
+    (`recipes.choose`), from a step of each recipe it tries, timed here on the
+    budget's clock (`training.time_training_step`: on the CPU clock, a step
+    costs its CPU-seconds on all cores) with the dropout the run would train
+    with, and a line saying what was chosen and why."""
     from keras_transformer import budget
     from keras_transformer import recipes
     from keras_transformer import training
 
-    print(f"Timing a training step of each recipe for the {config.time_budget:g}-minute "
+    print(f"Timing training steps to choose the recipe for the {config.time_budget:g}-minute "
           "budget...", flush=True)
-    step_seconds = [
-        training.time_training_step(
+
+    def step_seconds(recipe):  # of the model this run would train with `recipe`
+        dropout_rate = model_config.dropout_rate if keep_dropout else recipe.dropout_rate
+        return training.time_training_step(
             dataclasses.replace(model_config, vocab_size=recipe.vocab_size,
-                                dropout_rate=recipe.dropout_rate),
+                                dropout_rate=dropout_rate),
             recipe.tokens_per_batch, jit_compile=config.jit_compile == "on",
             clock=budget.CLOCKS[config.time_budget_clock])
-        for recipe in recipes.RECIPES]
+
     recipe, estimates = recipes.choose(config.time_budget * 60, step_seconds)
     config = dataclasses.replace(config, vocab_size=recipe.vocab_size,
                                  tokens_per_batch=recipe.tokens_per_batch)
@@ -578,12 +581,12 @@ def choose_recipe(config, model_config, keep_dropout=False, keep_learning_rate=F
         config = dataclasses.replace(config, learning_rate_scale=recipe.learning_rate_scale)
     if not keep_dropout:
         model_config = dataclasses.replace(model_config, dropout_rate=recipe.dropout_rate)
-    seconds = dict(zip(recipes.RECIPES, step_seconds))
     unit = "CPU-seconds" if config.time_budget_clock == "cpu" else "s"
-    passed = "".join(f"; {other.describe()} would get about {updates} ({seconds[other]:.3f} "
+    passed = "".join(f"; {other.describe()} would get about {updates} ({seconds:.3f} "
                      f"{unit} a step), fewer than the {other.min_updates} it needs"
-                     for other, updates in estimates[:-1])
+                     for other, updates, seconds in estimates[:-1])
+    _, updates, seconds = estimates[-1]
     return config, model_config, (
         f"Recipe for {config.time_budget:g} minutes{' of CPU time' if unit != 's' else ''} on "
-        f"this CPU: {recipe.describe()}, about "
-        f"{estimates[-1][1]} updates ({seconds[recipe]:.3f} {unit} a step){passed}.")
+        f"this CPU: {recipe.describe()}, about {updates} updates ({seconds:.3f} {unit} a "
+        f"step){passed}.")
