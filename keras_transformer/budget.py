@@ -252,7 +252,8 @@ def plan_run(model, schedule, batches, clock, config, explicit, max_steps=None,
         and the step reached.
     """
     model.fit(batches, epochs=1, steps_per_epoch=calibration_steps,
-              callbacks=[keras.callbacks.TerminateOnNaN(), clock], verbose=0)
+              callbacks=[keras.callbacks.TerminateOnNaN(), clock], shuffle=False,
+              verbose=0)
     step = int(model.optimizer.iterations.numpy())
     plan = plan_for_budget(
         step, clock.step_seconds, clock.budget_seconds - clock.elapsed(), config.average_last,

@@ -3,6 +3,7 @@ only sizes change (vocabulary, model, steps). The other Python blocks of the doc
 need a model server or name arrays they leave out; tests/test_docs.py compiles them."""
 
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -26,7 +27,14 @@ def shrink(example, replacements):
 
 
 def run(page, source, namespace):
-    exec(compile(source, os.path.join(ROOT, page), "exec"), namespace)
+    """Runs the example; it must print no Python warning, which its reader would
+    see (Keras's "`shuffle=True` was passed, but will be ignored" for a `fit` on
+    a dataset without `shuffle=False`, for one)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=DeprecationWarning)  # setup.cfg's filter
+        exec(compile(source, os.path.join(ROOT, page), "exec"), namespace)
+    assert not caught, [f"{w.filename}:{w.lineno}: {w.message}" for w in caught]
     return namespace
 
 

@@ -193,7 +193,7 @@ def make_batches(
     ```python
     stats = BatchStats()
     batches = make_batches(pairs, tokenizer, 25000, 256, seed=1, stats=stats)
-    model.fit(batches.repeat(), steps_per_epoch=1000, ...)
+    model.fit(batches.repeat(), steps_per_epoch=1000, shuffle=False, ...)
     stats.result()  # {"pairs_read": ..., "pairs_too_long": ..., "pairs_batched": ...}
     ```
     """

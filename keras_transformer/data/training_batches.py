@@ -106,9 +106,10 @@ class TrainingBatches:
     Example:
     ```python
     batches = TrainingBatches(pairs, tokenizer, 25000, 256, seed=1)
-    model.fit(batches.dataset(), steps_per_epoch=1000, epochs=100)
+    model.fit(batches.dataset(), steps_per_epoch=1000, epochs=100, shuffle=False)
     # resumed at step 40000, after restoring the checkpoint:
-    model.fit(batches.dataset(40000), steps_per_epoch=1000, initial_epoch=40, epochs=100)
+    model.fit(batches.dataset(40000), steps_per_epoch=1000, initial_epoch=40, epochs=100,
+              shuffle=False)
     ```
     """
 
