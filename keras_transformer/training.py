@@ -24,6 +24,7 @@ from keras_transformer import runs
 from keras_transformer.budget import ProgressLine
 from keras_transformer.config import PAPER_WARMUP_STEPS
 from keras_transformer.config import PRECISIONS
+from keras_transformer.data.batching import with_known_length
 from keras_transformer.data.batching import without_autotuning
 from keras_transformer.distributed import is_chief
 from keras_transformer.distributed import is_multi_worker
@@ -153,7 +154,7 @@ def fit_by_checkpoints(model, batches, dev_batches, step, last_step, checkpoint_
         model: the compiled model.
         batches: `batches(step)`, the training batches from `step` on
             (`TrainingBatches.dataset`).
-        dev_batches: the dev batches, whose loss is measured every epoch, or
+        dev_batches: the dev batches, finite, whose loss is measured every epoch, or
             on a `budgeted` run only half-way and at `planned_steps` (each pass,
             and its compilations under XLA, costs steps).
         step: the step the run is at.
@@ -171,7 +172,7 @@ def fit_by_checkpoints(model, batches, dev_batches, step, last_step, checkpoint_
     """
     losses = []
     last_step = sys.maxsize if last_step is None else last_step
-    dev_batches = without_autotuning(dev_batches)
+    dev_batches = with_known_length(without_autotuning(dev_batches))
     planned_epochs = math.ceil(planned_steps / checkpoint_every)
     validation_freq = [max(1, planned_epochs // 2), planned_epochs] if budgeted else 1
     for epochs, length in _segments(step, last_step, checkpoint_every, planned_steps):

@@ -483,6 +483,34 @@ def test_a_signal_stops_training_at_its_step_with_a_checkpoint_there(
     assert (step, stop.stopped) == (stops_at + 2, None)
 
 
+class _DevLosses(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.losses.append(logs["val_loss"])
+
+
+def test_a_dev_pass_averages_every_dev_batch_without_a_warning(recwarn):
+    model = _compiled_model()
+    rows = np.stack([np.random.default_rng(seed).integers(3, 30, (4, 6)).astype("int32")
+                     for seed in range(3)])
+    known = tf.data.Dataset.from_tensor_slices(rows).map(
+        lambda tokens: ({"encoder_inputs": tokens, "decoder_inputs": tokens}, tokens))
+    dev = known.filter(lambda inputs, targets: True)  # of unknown length, as make_batches'
+    assert dev.cardinality() == tf.data.UNKNOWN_CARDINALITY
+    dev_losses = _DevLosses()
+    training.fit_by_checkpoints(model, _repeated_batch, dev, 0, 2, 2, 2, [dev_losses])
+    # Keras 3.15 averages a dataset of unknown length over one batch more than it
+    # has (3/4 of the loss here) and warns that the input ran out.
+    batch_losses = [model.evaluate(known.skip(index).take(1), verbose=0)[0]
+                    for index in range(3)]
+    # The batches hold as many target tokens each: the pass's loss is their mean.
+    assert dev_losses.losses == [pytest.approx(np.mean(batch_losses), rel=1e-5)]
+    assert not [warning for warning in recwarn if "ran out of data" in str(warning.message)]
+
+
 def test_a_second_signal_stops_at_once(tmp_path):
     model = _compiled_model()
     stop = training.StopOnSignal()

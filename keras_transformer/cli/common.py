@@ -611,7 +611,6 @@ LIBRARY_LOG_LINE = re.compile(
 # Python warnings a user of the command lines cannot act on.
 _UNACTIONABLE_WARNINGS = (
     r"`shuffle=True` was passed, but will be ignored",  # our batches come shuffled
-    r"Your input ran out of data",  # the finite dev set ends each evaluation
 )
 # Python loggers whose warnings a user of the command lines cannot act on: urllib3
 # writes one for each retry of a download (TFDS's first use of a corpus, offline: a

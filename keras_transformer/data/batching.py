@@ -382,6 +382,22 @@ def validate(
         )
 
 
+def with_known_length(dataset):
+    """A finite `dataset` with its number of batches known to tf.data, counted in one
+    pass where it is not.
+
+    Keras's `fit(validation_data=...)` and `evaluate` run a dataset of unknown
+    length until it ends, and Keras 3.15 then warns "Your input ran out of data;
+    interrupting training" at each pass. Known, the pass ends at its last batch.
+    """
+    if dataset.cardinality() >= 0:
+        return dataset
+    if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+        raise ValueError("The dataset is infinite (repeated); validation needs one that ends.")
+    count = int(dataset.reduce(tf.constant(0, tf.int64), lambda count, _: count + 1))
+    return dataset.apply(tf.data.experimental.assert_cardinality(count))
+
+
 def without_autotuning(dataset, prefetch=None):
     """`dataset` without tf.data's autotuning thread (and with `prefetch` batches
     read ahead, if given).
