@@ -334,6 +334,12 @@ MUTANTS = [
            "item.close()", "pass",
            ["tests/test_durable.py::"
             "test_a_full_disk_is_named_and_the_file_keras_left_open_is_closed"]),
+    # Keras averages a dev pass of unknown length over one batch more than it has.
+    mutant("dev-loss-over-one-batch-more", "keras_transformer/training.py",
+           "dev_batches = with_known_length(without_autotuning(dev_batches))",
+           "dev_batches = without_autotuning(dev_batches)",
+           ["tests/test_training.py::"
+            "test_a_dev_pass_averages_every_dev_batch_without_a_warning"]),
     # A full disk: the failed checkpoint's random state and time record left behind.
     mutant("half-checkpoint-kept", "keras_transformer/training.py",
            "self.checkpoints.remove(path)", "pass",
@@ -571,8 +577,8 @@ MUTANTS = [
            'clock=budget.CLOCKS["wall"])',
            ["tests/test_budget.py::test_train_chooses_the_recipe_from_the_steps_it_times"]),
     mutant("recipe-timed-with-its-own-dropout-where-one-is-given", "keras_transformer/cli/train.py",
-           "dropout_rate = model_config.dropout_rate if keep_dropout else recipe.dropout_rate",
-           "dropout_rate = recipe.dropout_rate",
+           "dropout_rate=model_config.dropout_rate if keep_dropout else recipe.dropout_rate)",
+           "dropout_rate=recipe.dropout_rate)",
            ["tests/test_budget.py::test_train_chooses_the_recipe_from_the_steps_it_times"]),
     mutant("recipe-small-one-timed-where-the-large-one-is-taken", "keras_transformer/recipes.py",
            "seconds = step_seconds(recipe)",

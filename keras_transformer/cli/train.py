@@ -514,8 +514,10 @@ def save(model, run_dir, config, step, clock, account):
     averaged = training.save_average(model, last, run_dir.averaged_weights)
     account.mark("averaging and saving")
     print(f"Trained {step} steps in {clock.elapsed() / 60:.1f} minutes "
-          f"({config.time_budget_clock} clock); averaged the last {len(last)} checkpoints "
-          f"into {run_dir.averaged_weights}", flush=True)
+          f"({config.time_budget_clock} clock); "
+          + (f"averaged the last {len(last)} checkpoints into " if len(last) > 1
+             else "one checkpoint to average: its weights are ")
+          + str(run_dir.averaged_weights), flush=True)
     return averaged
 
 
@@ -566,12 +568,14 @@ def choose_recipe(config, model_config, keep_dropout=False, keep_learning_rate=F
     print(f"Timing training steps to choose the recipe for the {config.time_budget:g}-minute "
           "budget...", flush=True)
 
-    def step_seconds(recipe):  # of the model this run would train with `recipe`
-        dropout_rate = model_config.dropout_rate if keep_dropout else recipe.dropout_rate
+    def model_for(recipe):  # the model this run would train with `recipe`
+        return dataclasses.replace(
+            model_config, vocab_size=recipe.vocab_size,
+            dropout_rate=model_config.dropout_rate if keep_dropout else recipe.dropout_rate)
+
+    def step_seconds(recipe):
         return training.time_training_step(
-            dataclasses.replace(model_config, vocab_size=recipe.vocab_size,
-                                dropout_rate=dropout_rate),
-            recipe.tokens_per_batch, jit_compile=config.jit_compile == "on",
+            model_for(recipe), recipe.tokens_per_batch, jit_compile=config.jit_compile == "on",
             clock=budget.CLOCKS[config.time_budget_clock])
 
     recipe, estimates = recipes.choose(config.time_budget * 60, step_seconds)
@@ -579,8 +583,7 @@ def choose_recipe(config, model_config, keep_dropout=False, keep_learning_rate=F
                                  tokens_per_batch=recipe.tokens_per_batch)
     if not keep_learning_rate:
         config = dataclasses.replace(config, learning_rate_scale=recipe.learning_rate_scale)
-    if not keep_dropout:
-        model_config = dataclasses.replace(model_config, dropout_rate=recipe.dropout_rate)
+    model_config = model_for(recipe)
     unit = "CPU-seconds" if config.time_budget_clock == "cpu" else "s"
     passed = "".join(f"; {other.describe()} would get about {updates} ({seconds:.3f} "
                      f"{unit} a step), fewer than the {other.min_updates} it needs"
