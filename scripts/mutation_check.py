@@ -334,6 +334,12 @@ MUTANTS = [
            "item.close()", "pass",
            ["tests/test_durable.py::"
             "test_a_full_disk_is_named_and_the_file_keras_left_open_is_closed"]),
+    # A resumed run restores the weights but not dropout's random state.
+    mutant("resume-forgets-dropouts-random-state", "keras_transformer/training.py",
+           "for variable, value in zip(_rng_states(model), np.load(found.rng_path(path))):",
+           "for variable, value in []:",
+           ["tests/test_training.py::"
+            "test_a_restored_checkpoint_draws_the_dropout_masks_the_run_would_have_drawn"]),
     # Keras averages a dev pass of unknown length over one batch more than it has.
     mutant("dev-loss-over-one-batch-more", "keras_transformer/training.py",
            "dev_batches = with_known_length(without_autotuning(dev_batches))",

@@ -107,6 +107,31 @@ def test_a_model_without_dropout_checkpoints_and_resumes(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_restored_checkpoint_draws_the_dropout_masks_the_run_would_have_drawn(tmp_path):
+    """Resuming restores dropout's random state with the weights: the restored
+    model's next training pass equals the checkpointed model's next one, where
+    the same weights alone draw other masks."""
+    ids = np.random.default_rng(0).integers(3, 30, (4, 6)).astype("int32")
+    inputs = {"encoder_inputs": ids, "decoder_inputs": ids}
+
+    def trained_pass(model):
+        return keras.ops.convert_to_numpy(model(inputs, training=True))
+
+    model = _compiled_model(dropout_rate=0.3)
+    trained_pass(model)  # the run's masks so far
+    callback = training.StepCheckpoint(str(tmp_path))
+    callback.set_model(model)
+    model.optimizer.iterations.assign(5)
+    callback.on_epoch_end(0, {"loss": 1.0})
+    expected = trained_pass(model)
+    restored = _compiled_model(dropout_rate=0.3)
+    assert training.restore_latest_checkpoint(restored, str(tmp_path)) == 5
+    np.testing.assert_array_equal(trained_pass(restored), expected)
+    weights_only = _compiled_model(dropout_rate=0.3)
+    weights_only.set_weights(model.get_weights())
+    assert np.abs(trained_pass(weights_only) - expected).max() > 1e-3  # the masks matter
+
+
 def test_precision_choices():
     with pytest.raises(ValueError, match="Unknown precision 'float8'"):
         training.set_precision("float8")
