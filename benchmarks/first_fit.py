@@ -72,9 +72,9 @@ def main():
     batch = ({"encoder_inputs": ids().astype("int32"), "decoder_inputs": ids().astype("int32")},
              ids().astype("int32"))
     batches = tf.data.Dataset.from_tensors(batch).repeat()
-    model.fit(batches, steps_per_epoch=1, epochs=1, verbose=0)
+    model.fit(batches, steps_per_epoch=1, epochs=1, verbose=0, shuffle=False)
     first = time.monotonic()
-    model.fit(batches, steps_per_epoch=args.steps, epochs=1, verbose=0)
+    model.fit(batches, steps_per_epoch=args.steps, epochs=1, verbose=0, shuffle=False)
     done = time.monotonic()
     print(json.dumps({
         "benchmark": "first_fit", "model": args.model, "vocab_size": args.vocab_size,

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 import zipfile
 
 import keras
@@ -149,16 +150,65 @@ def _file_problem(path, error=None):
     return f"it is cut short, or no HDF5 weights file ({size} bytes; {_first_line(error)})"
 
 
+class WeightsMismatch(ValueError):
+    """A whole weights file that holds another model's weights (more or fewer
+    layers, other shapes) or another optimizer's state: its `path`, and its
+    `problem` in words, for the message."""
+
+    def __init__(self, path, problem):
+        self.path, self.problem = path, problem
+        super().__init__(f"{path} holds the weights of another model: {problem}")
+
+
 def read_weights(model, path):
     """Loads the `.weights.h5` file at `path` into `model`. A file that is empty,
     cut short or no HDF5 file raises `UnreadableWeights`; one that holds another
-    model's weights, Keras's ValueError."""
+    model's weights, or (where `model`'s optimizer is built) another optimizer's
+    state, `WeightsMismatch`: Keras would load the layers that fit and warn of
+    the rest, or fail naming its own objects."""
     try:
-        model.load_weights(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Keras's, said in our words below
+            model.load_weights(path)
     except OSError as error:  # h5py's, for a file that is not a whole HDF5 file
         if not os.path.isfile(path):
             raise
         raise UnreadableWeights(path, _file_problem(path, error)) from None
+    except ValueError:  # Keras's, for weights of other shapes
+        raise WeightsMismatch(path, _mismatch(model, path) or (
+            "its weights have other shapes than this model's (another d_model, d_ff, "
+            "num_heads or vocab_size)")) from None
+    problem = _mismatch(model, path)
+    if problem:
+        raise WeightsMismatch(path, problem)
+
+
+def _mismatch(model, path):
+    """How the weights file at `path` does not fit `model`, in words: another
+    count of weights, or of optimizer variables where `model`'s optimizer is
+    built and the file holds one; None where the counts agree."""
+    import h5py  # Keras's own dependency
+
+    counts = {}
+
+    def count(name, item):
+        if isinstance(item, h5py.Dataset):
+            part = "optimizer" if name.startswith("optimizer/") else "model"
+            counts[part] = counts.get(part, 0) + 1
+
+    with h5py.File(path, "r") as f:
+        f.visititems(count)
+    stored, expected = counts.get("model", 0), len(model.weights)
+    if stored != expected:
+        return (f"{stored} weight tensors where this model has {expected} (another "
+                "num_layers?)")
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and optimizer.built and "optimizer" in counts and (
+            counts["optimizer"] != len(optimizer.variables)):
+        return (f"an optimizer state of {counts['optimizer']} variables where this model's "
+                f"optimizer has {len(optimizer.variables)} (another optimizer, or "
+                "accumulate_steps?)")
+    return None
 
 
 def read_model(path):

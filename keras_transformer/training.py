@@ -482,7 +482,8 @@ def restore_latest_checkpoint(model, directory, init_from=""):
 
     A checkpoint that cannot be read (truncated by a full disk or a power loss)
     is reported on stderr, renamed to `<name>.unreadable` and skipped for the
-    one before it.
+    one before it; a whole one of another model (`runs.WeightsMismatch`: an
+    edited config.json, say) raises a ValueError and leaves every file as it is.
     """
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
@@ -494,6 +495,12 @@ def restore_latest_checkpoint(model, directory, init_from=""):
             if os.path.exists(found.rng_path(path)):
                 for variable, value in zip(_rng_states(model), np.load(found.rng_path(path))):
                     variable.assign(value)
+        except runs.WeightsMismatch as error:  # whole, and another model's: keep them all
+            raise ValueError(
+                f"Checkpoint {error.path} holds the weights of another model than the one "
+                f"being resumed: {error.problem}. No checkpoint was renamed or changed. Resume "
+                "with the config.json (and the keras_transformer version) that wrote it, or "
+                "start a new run in another directory") from None
         except Exception as error:  # h5py, Keras and NumPy each raise their own
             problem = (error.problem if isinstance(error, runs.UnreadableWeights)
                        else f"{type(error).__name__}: {str(error).strip()[:200]}")

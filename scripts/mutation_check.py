@@ -340,6 +340,17 @@ MUTANTS = [
            "for variable, value in []:",
            ["tests/test_training.py::"
             "test_a_restored_checkpoint_draws_the_dropout_masks_the_run_would_have_drawn"]),
+    # A whole checkpoint of another model: loaded where its layers fit, or set
+    # aside as unreadable with every other checkpoint of the run.
+    mutant("weights-of-fewer-layers-loaded", "keras_transformer/runs.py",
+           "if problem:", "if False:",
+           ["tests/test_training.py::"
+            "test_a_checkpoint_of_another_model_stops_the_resume_and_renames_nothing"]),
+    mutant("another-models-checkpoint-renamed-unreadable", "keras_transformer/training.py",
+           "except runs.WeightsMismatch as error:  # whole, and another model's: keep them all",
+           "except ZeroDivisionError as error:",
+           ["tests/test_training.py::"
+            "test_a_checkpoint_of_another_model_stops_the_resume_and_renames_nothing"]),
     # Keras averages a dev pass of unknown length over one batch more than it has.
     mutant("dev-loss-over-one-batch-more", "keras_transformer/training.py",
            "dev_batches = with_known_length(without_autotuning(dev_batches))",

@@ -41,7 +41,7 @@ def compare(strategy, accumulate_steps=ACCUMULATE):
             model.set_weights(initial_weights)
             training.compile_for_training(model, 0.1, warmup_steps=10,
                                                      accumulate_steps=accumulate_steps)
-        history = model.fit(dataset, epochs=1, verbose=0)
+        history = model.fit(dataset, epochs=1, verbose=0, shuffle=False)
         return {
             "weights": model.get_weights(),
             # Adam's first momentum is (1 - beta_1) x the gradient it applied.

@@ -101,7 +101,8 @@ def main(mode, args, xla=False, adam=False):
                 jit_compile=xla,
             )
         # The dev pass on the same batches: the strategy's test step too.
-        history = model.fit(batches, epochs=1, validation_data=batches, verbose=0)
+        history = model.fit(batches, epochs=1, validation_data=batches, verbose=0,
+                            shuffle=False)
         return model.get_weights(), history.history, model
 
     distributed, distributed_logs, model = train(strategy)

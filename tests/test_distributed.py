@@ -102,14 +102,15 @@ def test_each_dev_pass_starts_the_dev_set_once(strategy):
     targets = tf.fill([rows, length], 6)
     spec = tf.TensorSpec([rows, length], tf.int32)
     dev = tf.data.Dataset.from_generator(
-        dev_batches, output_signature=({"encoder_inputs": spec, "decoder_inputs": spec}, spec))
+        dev_batches, output_signature=({"encoder_inputs": spec, "decoder_inputs": spec}, spec)
+    ).apply(tf.data.experimental.assert_cardinality(2))  # of known length, as train's
     scope = (tf.distribute.OneDeviceStrategy("/cpu:0") if strategy == "one_device"
              else tf.distribute.get_strategy())
     with scope.scope():
         model = kt.build_transformer(kt.TransformerConfig.tiny(60, d_model=16, d_ff=32))
         training.compile_for_training(model)
     model.fit(tf.data.Dataset.from_tensors((inputs, targets)).repeat(), epochs=3,
-              steps_per_epoch=2, validation_data=dev, verbose=0)
+              steps_per_epoch=2, validation_data=dev, verbose=0, shuffle=False)
     assert len(started) == 3
     assert int(model.optimizer.iterations.numpy()) == 6
 

@@ -132,6 +132,37 @@ def test_a_restored_checkpoint_draws_the_dropout_masks_the_run_would_have_drawn(
     assert np.abs(trained_pass(weights_only) - expected).max() > 1e-3  # the masks matter
 
 
+@pytest.mark.parametrize("other, problem", [
+    (dict(num_layers=1), r"85 weight tensors where this model has 43 \(another num_layers\?\)"),
+    (dict(d_ff=64), r"its weights have other shapes than this model's \(another d_model, d_ff"),
+    (dict(accumulate_steps=2), r"an optimizer state of 171 variables where this model's "
+                               r"optimizer has \d+ \(another optimizer"),
+], ids=["fewer-layers", "other-shapes", "other-optimizer"])
+def test_a_checkpoint_of_another_model_stops_the_resume_and_renames_nothing(
+        tmp_path, recwarn, other, problem):
+    """A whole checkpoint that another model wrote (an edited config.json, say)
+    is no truncated one: resuming stops with a ValueError naming what differs,
+    and keeps every file, where Keras would load the layers that fit (a model of
+    fewer layers) or fail, and the run renamed each checkpoint `.unreadable`."""
+    model = _compiled_model()
+    callback = training.StepCheckpoint(str(tmp_path))
+    callback.set_model(model)
+    model.optimizer.iterations.assign(5)
+    callback.on_epoch_end(0, {"loss": 1.0})
+    files = sorted(os.listdir(tmp_path))
+    recwarn.clear()
+    accumulate_steps = other.pop("accumulate_steps", 1)
+    resumed = kt.build_transformer(kt.TransformerConfig.tiny(30, **{"d_model": 16, "d_ff": 32,
+                                                                   **other}))
+    training.compile_for_training(resumed, warmup_steps=10, accumulate_steps=accumulate_steps)
+    with pytest.raises(ValueError, match=(
+            r"ckpt-00000005\.weights\.h5 holds the weights of another model than the one "
+            rf"being resumed: {problem}.*No checkpoint was renamed or changed")):
+        training.restore_latest_checkpoint(resumed, str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == files
+    assert not [str(w.message)[:100] for w in recwarn]  # Keras's, said in our words
+
+
 def test_precision_choices():
     with pytest.raises(ValueError, match="Unknown precision 'float8'"):
         training.set_precision("float8")
@@ -350,7 +381,8 @@ def test_the_training_and_dev_steps_are_traced_once(monkeypatch):
                             lambda self, data, step=step, kind=kind: (
                                 traced[kind].append(len(self.optimizer.variables)),
                                 step(self, data))[1])
-    model.fit(batches, steps_per_epoch=2, epochs=2, validation_data=batches.take(2), verbose=0)
+    model.fit(batches, steps_per_epoch=2, epochs=2, validation_data=batches.take(2), verbose=0,
+              shuffle=False)
     slots = 1 + 2 * len(model.trainable_variables)  # the step count, Adam's two moments
     assert traced == {"train": [slots], "test": [slots]}, traced
     # `train_on_batch` too (benchmarks/train_throughput.py steps with it).
@@ -416,7 +448,7 @@ def test_compiling_ahead_leaves_training_as_it_was(tokenizer, xla_on_cpu, monkey
             assert sorted(traced) == ["test", "train"], traced
             traced.clear()
         model.fit(batches.dataset(0, accumulate_steps=2), steps_per_epoch=8, epochs=1,
-                  validation_data=dev, verbose=0)
+                  validation_data=dev, verbose=0, shuffle=False)
         if ahead:
             assert traced == []
         return [v.numpy() for v in [*model.variables, *model.optimizer.variables]]

@@ -15,7 +15,6 @@ import os
 import re
 import sys
 import threading
-import warnings
 
 from keras_transformer import export_files
 from keras_transformer import run_files
@@ -608,10 +607,6 @@ LIBRARY_LOG_LINE = re.compile(
     rb"|WARNING: All log messages before absl::InitializeLog\(\) is called"
     rb"|[\w.+-]+\(\d+\) LOG\(INFO\) )[^\n]*\n?"
 )
-# Python warnings a user of the command lines cannot act on.
-_UNACTIONABLE_WARNINGS = (
-    r"`shuffle=True` was passed, but will be ignored",  # our batches come shuffled
-)
 # Python loggers whose warnings a user of the command lines cannot act on: urllib3
 # writes one for each retry of a download (TFDS's first use of a corpus, offline: a
 # screenful in its 3 to 4 minutes of retries, before the one line that says why).
@@ -619,16 +614,14 @@ _UNACTIONABLE_LOGGERS = ("urllib3",)
 
 
 def quiet_libraries():
-    """Keeps the libraries' own log lines and unactionable warnings (Python's and
-    their loggers', `_UNACTIONABLE_LOGGERS`) off stderr.
+    """Keeps the libraries' own log lines and their loggers' unactionable warnings
+    (`_UNACTIONABLE_LOGGERS`) off stderr.
 
     C++ code writes to file descriptor 2 directly, so the descriptor is redirected
     to a pipe whose reader passes on every line but the libraries' log lines
     (`LIBRARY_LOG_LINE`); child processes inherit the filter. The command lines'
     `--verbose` skips this.
     """
-    for message in _UNACTIONABLE_WARNINGS:
-        warnings.filterwarnings("ignore", message=message)
     for name in _UNACTIONABLE_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
     sys.stderr.flush()
