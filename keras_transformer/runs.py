@@ -453,9 +453,11 @@ class Run:
         except UnreadableWeights as error:
             raise error.advised("Was it copied whole? Copy it again" + instead(", or ")
                                 ) from None
-        except ValueError as error:  # Keras's: another model's weights
+        except ValueError as error:  # another model's weights: `WeightsMismatch`, or Keras's
+            problem = (error.problem if isinstance(error, WeightsMismatch)
+                       else _first_line(error))
             raise ValueError(f"{weights_path} holds another model than {self.config_path} "
-                             f"({_first_line(error)})" + instead("; ")) from None
+                             f"({problem})" + instead("; ")) from None
         if model.config != config:
             raise ValueError(
                 f"{weights_path} holds a model whose config differs from {self.config_path}"

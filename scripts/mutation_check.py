@@ -344,8 +344,8 @@ MUTANTS = [
     # aside as unreadable with every other checkpoint of the run.
     mutant("weights-of-fewer-layers-loaded", "keras_transformer/runs.py",
            "if problem:", "if False:",
-           ["tests/test_training.py::"
-            "test_a_checkpoint_of_another_model_stops_the_resume_and_renames_nothing"]),
+           ["tests/test_runs.py::"
+            "test_weights_of_another_model_are_refused_not_loaded_where_they_fit"]),
     mutant("another-models-checkpoint-renamed-unreadable", "keras_transformer/training.py",
            "except runs.WeightsMismatch as error:  # whole, and another model's: keep them all",
            "except ZeroDivisionError as error:",

@@ -1,5 +1,6 @@
 """Tests for keras_transformer.runs: the run directory's layout, loading and config."""
 
+import dataclasses
 import json
 import os
 
@@ -8,6 +9,7 @@ import pytest
 from keras_transformer import TrainingConfig
 from keras_transformer import run_configs
 from keras_transformer import runs
+from keras_transformer.model import build_transformer
 from tests.translation_fixtures import make_run_dir
 
 pytestmark = pytest.mark.keeps_graphs
@@ -25,6 +27,21 @@ def test_load_run_reports_missing_pieces(tmp_path, model, tokenizer):
         runs.Run(run).load()
     loaded, _, config = runs.Run(run).load("final")
     assert loaded.config == model.config and config["model"] == model.config.to_dict()
+
+
+def test_weights_of_another_model_are_refused_not_loaded_where_they_fit(
+        tmp_path, model, tokenizer):
+    """A run whose config.json describes fewer layers than its weights hold (edited
+    by hand, say): Keras would load the layers that fit and translate with the
+    rest untrained; the run refuses, saying what differs."""
+    run = make_run_dir(tmp_path / "run", tokenizer, model)
+    fewer = dataclasses.replace(model.config, num_layers=1)
+    runs.Run(run).write_config(fewer, TrainingConfig())
+    with pytest.raises(ValueError, match=(
+            r"averaged\.weights\.h5 holds another model than .*config\.json \("
+            rf"{len(model.weights)} weight tensors where this model has "
+            rf"{len(build_transformer(fewer).weights)} \(another num_layers\?\)\)")):
+        runs.Run(run).load()
 
 
 def _stopped_run(path, tokenizer, average_last=2):
