@@ -192,9 +192,13 @@ def _mismatch(model, path):
     counts = {}
 
     def count(name, item):
+        # `optimizer/vars/` holds `optimizer.variables`, a loss-scale optimizer's
+        # included; its `optimizer/inner_optimizer/vars/` holds them once more.
         if isinstance(item, h5py.Dataset):
-            part = "optimizer" if name.startswith("optimizer/") else "model"
-            counts[part] = counts.get(part, 0) + 1
+            part = ("model" if not name.startswith("optimizer/") else
+                    "optimizer" if name.startswith("optimizer/vars/") else None)
+            if part:
+                counts[part] = counts.get(part, 0) + 1
 
     with h5py.File(path, "r") as f:
         f.visititems(count)

@@ -132,6 +132,29 @@ def test_a_restored_checkpoint_draws_the_dropout_masks_the_run_would_have_drawn(
     assert np.abs(trained_pass(weights_only) - expected).max() > 1e-3  # the masks matter
 
 
+def test_a_mixed_float16_checkpoint_resumes_with_its_loss_scale(tmp_path):
+    """Under mixed_float16 Keras wraps the optimizer in a loss-scale optimizer,
+    whose file holds the inner optimizer's variables twice: the checkpoint is
+    the resumed model's own, and every weight and optimizer variable returns."""
+    training.set_precision("mixed_float16")
+    model = _compiled_model()
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    generator = np.random.default_rng(0)
+    for variable in [*model.weights, *model.optimizer.variables]:
+        if variable.dtype == "float32":
+            variable.assign(generator.standard_normal(variable.shape).astype("float32"))
+    model.optimizer.iterations.assign(5)
+    callback = training.StepCheckpoint(str(tmp_path))
+    callback.set_model(model)
+    callback.on_epoch_end(0, {"loss": 1.0})
+    restored = _compiled_model()
+    assert training.restore_latest_checkpoint(restored, str(tmp_path)) == 5
+    for saved, loaded in zip([*model.weights, *model.optimizer.variables],
+                             [*restored.weights, *restored.optimizer.variables], strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(loaded),
+                                      keras.ops.convert_to_numpy(saved), err_msg=saved.path)
+
+
 @pytest.mark.parametrize("other, problem", [
     (dict(num_layers=1), r"85 weight tensors where this model has 43 \(another num_layers\?\)"),
     (dict(d_ff=64), r"its weights have other shapes than this model's \(another d_model, d_ff"),
