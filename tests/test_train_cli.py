@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import h5py
 import keras
@@ -263,6 +264,52 @@ def test_files_without_splits_hold_out_dev_and_test_pairs_as_the_seed_draws(tmp_
                     == list(expected[name].as_numpy_iterator())), name
         assert len(list(splits["train"].as_numpy_iterator())) == 90 - left_out
     assert splits["test"] is None  # --test-sentences 0
+
+
+def test_files_too_few_to_hold_out_from_give_one_line_naming_the_flag(tmp_path, capsys):
+    """--data of 5 pairs without '{split}': one line names --data and says what
+    to give, no function of ours, and nothing is written."""
+    for side in ("en", "es"):
+        (tmp_path / f"all.{side}").write_text("".join(f"{side} {i}\n" for i in range(5)))
+    files = f"{tmp_path}/all.en,{tmp_path}/all.es"
+    assert train.main(["--data", files, "--steps", "2", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == (
+        f"keras-transformer train: --data {files!r}: a corpus without dev and test splits of "
+        "its own needs 20 pairs or more to hold them out of; it has 5. Give more pairs, or dev "
+        "and test files of their own ('{split}' in the paths, as in "
+        "'corpus/{split}.en,corpus/{split}.es')\n")
+    assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.parametrize("steps, said", [
+    ((3,), "one checkpoint to average: its weights are "),
+    ((2, 3), "averaged the last 2 checkpoints into "),
+    ((1, 2, 3), "averaged the last 2 checkpoints into "),
+])
+def test_the_last_line_says_what_was_averaged(steps, said, tmp_path, capsys):
+    """The "Trained ..." line counts the checkpoints averaged (--average-last 2,
+    fewer where the run wrote fewer), and the averaged file holds their mean."""
+    model = kt.build_transformer(kt.TransformerConfig.tiny(30, d_model=16, d_ff=32))
+    training.compile_for_training(model, warmup_steps=10)
+    model.optimizer.build(model.trainable_variables)
+    run = runs.Run(str(tmp_path / "run"))
+    os.makedirs(run.checkpoints.directory)
+    generator = np.random.default_rng(0)
+    saved = []
+    for step in steps:
+        saved.append([generator.standard_normal(w.shape) for w in model.get_weights()])
+        model.set_weights(saved[-1])
+        model.optimizer.iterations.assign(step)
+        model.save_weights(run.checkpoints.path(step))
+    start = time.monotonic()
+    clock = budget.TrainingClock(None, "wall", start=start, wall_start=start)
+    averaged = train.save(model, run, TrainingConfig(average_last=2), steps[-1], clock,
+                          budget.TimeAccount(start))
+    assert capsys.readouterr().out == (
+        f"Trained {steps[-1]} steps in 0.0 minutes (wall clock); {said}"
+        f"{run.averaged_weights}\n")
+    for value, *parts in zip(averaged.get_weights(), *saved[-2:]):
+        np.testing.assert_allclose(value, np.mean(parts, axis=0), rtol=1e-6, atol=1e-7)
 
 
 def test_bad_flag_type_gives_one_line_from_a_quiet_process(tmp_path):

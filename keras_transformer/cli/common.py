@@ -284,7 +284,13 @@ def read_splits(data, splits, seed, source_language=None, target_language=None,
         names = corpus_splits(data)
         return {split: corpora.load_parallel(source, names.get(split, split), **options)
                 for split in splits}, None
-    held, left_out = corpora.hold_out(corpora.load_parallel(source, **options), seed)
+    try:
+        held, left_out = corpora.hold_out(corpora.load_parallel(source, **options), seed)
+    except ValueError as error:  # too few pairs
+        problem = str(error)
+        raise ValueError(f"--data {data!r}: {problem[0].lower()}{problem[1:]} ('{{split}}' in "
+                         "the paths, as in "
+                         "'corpus/{split}.en,corpus/{split}.es')") from None
     unknown = [split for split in splits if split not in held]
     if unknown:
         raise ValueError(f"--split {unknown[0]}: the run held dev and test pairs out of "

@@ -144,8 +144,9 @@ def hold_out(pairs, seed, count=HELD_OUT_PAIRS):
     count = min(count, total // HELD_OUT_SHARE)
     if total < 0 or count < 1:
         raise ValueError(
-            f"hold_out: a corpus needs {HELD_OUT_SHARE} pairs or more to hold out dev and "
-            f"test pairs; it has {total}. Give dev and test files of their own ('{{split}}')")
+            f"A corpus without dev and test splits of its own needs {HELD_OUT_SHARE} pairs or "
+            f"more to hold them out of; it has {total}. Give more pairs, or dev and test "
+            "files of their own")
     order = np.random.default_rng(seed).permutation(total)
     roles = np.zeros(total, np.int32)  # 0 train, 1 dev, 2 test, -1 left out
     roles[order[:count]], roles[order[count:2 * count]] = 1, 2

@@ -190,8 +190,9 @@ def test_hold_out_draws_dev_and_test_with_the_seed_and_keeps_their_sources_out_o
     assert int(data.hold_out(data.load_parallel((write(tmp_path / "big.src", "a\n" * 20000),
                                                  write(tmp_path / "big.tgt", "b\n" * 20000))),
                              0)[0]["dev"].cardinality()) == corpora.HELD_OUT_PAIRS
-    with pytest.raises(ValueError, match="needs 20 pairs or more to hold out dev and test pairs; "
-                                         "it has 19. Give dev and test files of their own"):
+    with pytest.raises(ValueError, match="A corpus without dev and test splits of its own needs "
+                                         "20 pairs or more to hold them out of; it has 19. Give "
+                                         "more pairs, or dev and test files of their own"):
         data.hold_out(data.load_parallel((write(tmp_path / "few.src", "a\n" * 19),
                                           write(tmp_path / "few.tgt", "b\n" * 19))), 0)
 
