@@ -425,14 +425,21 @@ class TrainingConfig:
         _require("time_budget_clock", self.time_budget_clock,
                  self.time_budget_clock in TIME_BUDGET_CLOCKS,
                  f"must be {_one_of(TIME_BUDGET_CLOCKS)}", "TrainingConfig")
-        _require("time_budget", self.time_budget,
-                 not self.time_budget or self.strategy != "multi_worker",
-                 "must be 0 on a multi-worker run, whose workers cannot plan from one "
-                 "process's timings: give --steps instead", "TrainingConfig")
+        self.check_workers(self.strategy == "multi_worker")
         _require("time_budget", self.time_budget,
                  not self.time_budget or self.accumulate_steps == 1,
                  "must be 0 with accumulate_steps > 1 (the budget plans single-batch "
                  "steps): give --steps instead", "TrainingConfig")
+
+    def check_workers(self, several):
+        """Refuses a time budget where the run has `several` workers (strategy
+        "multi_worker", or "auto" where TF_CONFIG names several tasks:
+        `distributed.spans_workers`), whose workers would each choose a recipe
+        and plan from their own timings."""
+        _require("time_budget", self.time_budget, not self.time_budget or not several,
+                 "must be 0 on a multi-worker run (strategy multi_worker, or auto where "
+                 "TF_CONFIG names several tasks), whose workers cannot plan from one "
+                 "process's timings: give --steps instead", "TrainingConfig")
 
     def model_preset(self, cores=1):
         """The `TransformerConfig` preset to train: `model`, or for "auto" the CPU

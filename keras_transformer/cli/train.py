@@ -262,11 +262,10 @@ def configure(args, fields, model_overrides, explicit, account):
     except ValueError as error:
         raise ValueError(config_error(error, args.model_config is None)) from None
     check_corpus_files(config.data, used_splits(config))
-    if config.time_budget and distributed.spans_workers(config.strategy):
-        raise ValueError(  # --strategy multi_worker itself is refused with the flags
-            "--time-budget must be 0 on a multi-worker run (--strategy auto found several "
-            "tasks in TF_CONFIG), whose workers cannot plan from one process's timings: "
-            f"give --steps instead. Received: --time-budget={config.time_budget:g}")
+    try:  # "auto" with a TF_CONFIG of several tasks; "multi_worker" was refused above
+        config.check_workers(distributed.spans_workers(config.strategy))
+    except ValueError as error:
+        raise ValueError(config_error(error, model_flags=False)) from None
     # The strategy first: a multi-worker one configures collectives, which must
     # happen before TensorFlow runs anything.
     strategy = distributed.make_strategy(config.strategy, tpu=args.tpu)
