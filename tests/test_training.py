@@ -132,22 +132,35 @@ def test_a_restored_checkpoint_draws_the_dropout_masks_the_run_would_have_drawn(
     assert np.abs(trained_pass(weights_only) - expected).max() > 1e-3  # the masks matter
 
 
-def test_a_mixed_float16_checkpoint_resumes_with_its_loss_scale(tmp_path):
+@pytest.mark.parametrize("accumulate_steps", [1, 2])
+def test_a_mixed_float16_checkpoint_resumes_with_its_loss_scale(tmp_path, accumulate_steps):
     """Under mixed_float16 Keras wraps the optimizer in a loss-scale optimizer,
     whose file holds the inner optimizer's variables twice: the checkpoint is
-    the resumed model's own, and every weight and optimizer variable returns."""
+    the resumed model's own, and every weight and optimizer variable returns
+    (gradient accumulation's too)."""
     training.set_precision("mixed_float16")
-    model = _compiled_model()
+
+    def compiled_model():
+        model = kt.build_transformer(kt.TransformerConfig.tiny(30, d_model=16, d_ff=32))
+        training.compile_for_training(model, warmup_steps=10, accumulate_steps=accumulate_steps)
+        model.optimizer.build(model.trainable_variables)
+        return model
+
+    model = compiled_model()
     assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
     generator = np.random.default_rng(0)
     for variable in [*model.weights, *model.optimizer.variables]:
         if variable.dtype == "float32":
             variable.assign(generator.standard_normal(variable.shape).astype("float32"))
-    model.optimizer.iterations.assign(5)
+    updates = model.optimizer.inner_optimizer
+    if accumulate_steps > 1:  # counts batches; `iterations`, updates, follows
+        updates._iterations.assign(5 * accumulate_steps)
+    else:
+        updates.iterations.assign(5)
     callback = training.StepCheckpoint(str(tmp_path))
     callback.set_model(model)
     callback.on_epoch_end(0, {"loss": 1.0})
-    restored = _compiled_model()
+    restored = compiled_model()
     assert training.restore_latest_checkpoint(restored, str(tmp_path)) == 5
     for saved, loaded in zip([*model.weights, *model.optimizer.variables],
                              [*restored.weights, *restored.optimizer.variables], strict=True):
