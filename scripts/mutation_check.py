@@ -346,6 +346,12 @@ MUTANTS = [
            "if problem:", "if False:",
            ["tests/test_runs.py::"
             "test_weights_of_another_model_are_refused_not_loaded_where_they_fit"]),
+    # A loss-scale optimizer's file holds its inner optimizer's variables twice.
+    mutant("loss-scale-optimizers-variables-counted-twice", "keras_transformer/runs.py",
+           '"optimizer" if name.startswith("optimizer/vars/") else None)',
+           '"optimizer")',
+           ["tests/test_training.py::"
+            "test_a_mixed_float16_checkpoint_resumes_with_its_loss_scale"]),
     mutant("another-models-checkpoint-renamed-unreadable", "keras_transformer/training.py",
            "except runs.WeightsMismatch as error:  # whole, and another model's: keep them all",
            "except ZeroDivisionError as error:",
