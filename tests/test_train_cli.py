@@ -284,6 +284,7 @@ def test_files_too_few_to_hold_out_from_give_one_line_naming_the_flag(tmp_path, 
 
 
 @pytest.mark.parametrize("steps, said", [
+    ((1,), "one checkpoint to average: its weights are "),
     ((3,), "one checkpoint to average: its weights are "),
     ((2, 3), "averaged the last 2 checkpoints into "),
     ((1, 2, 3), "averaged the last 2 checkpoints into "),
@@ -308,7 +309,7 @@ def test_the_last_line_says_what_was_averaged(steps, said, tmp_path, capsys):
     averaged = train.save(model, run, TrainingConfig(average_last=2), steps[-1], clock,
                           budget.TimeAccount(start))
     assert capsys.readouterr().out == (
-        f"Trained {steps[-1]} steps in 0.0 minutes (wall clock); {said}"
+        f"Trained {steps[-1]} step{'s' * (steps[-1] > 1)} in 0.0 minutes (wall clock); {said}"
         f"{run.averaged_weights}\n")
     for value, *parts in zip(averaged.get_weights(), *saved[-2:]):
         np.testing.assert_allclose(value, np.mean(parts, axis=0), rtol=1e-6, atol=1e-7)

@@ -512,7 +512,7 @@ def save(model, run_dir, config, step, clock, account):
     last = run_dir.checkpoints.last(config.average_last)
     averaged = training.save_average(model, last, run_dir.averaged_weights)
     account.mark("averaging and saving")
-    print(f"Trained {step} steps in {clock.elapsed() / 60:.1f} minutes "
+    print(f"Trained {step} step{'s' * (step != 1)} in {clock.elapsed() / 60:.1f} minutes "
           f"({config.time_budget_clock} clock); "
           + (f"averaged the last {len(last)} checkpoints into " if len(last) > 1
              else "one checkpoint to average: its weights are ")
