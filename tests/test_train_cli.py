@@ -281,6 +281,13 @@ def test_files_too_few_to_hold_out_from_give_one_line_naming_the_flag(tmp_path, 
         "and test files of their own ('{split}' in the paths, as in "
         "'corpus/{split}.en,corpus/{split}.es')\n")
     assert not os.path.exists(tmp_path / "run")
+    # Files that do not align: their own line, without the hold-out's advice.
+    (tmp_path / "all.es").write_text("".join(f"es {i}\n" for i in range(24)))
+    (tmp_path / "all.en").write_text("".join(f"en {i}\n" for i in range(25)))
+    assert train.main(["--data", files, "--steps", "2", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == (
+        f"keras-transformer train: {tmp_path}/all.en has 25 lines but {tmp_path}/all.es has "
+        "24; parallel files must align line by line\n")
 
 
 @pytest.mark.parametrize("steps, said", [

@@ -284,8 +284,9 @@ def read_splits(data, splits, seed, source_language=None, target_language=None,
         names = corpus_splits(data)
         return {split: corpora.load_parallel(source, names.get(split, split), **options)
                 for split in splits}, None
+    pairs = corpora.load_parallel(source, **options)  # its own errors name the files
     try:
-        held, left_out = corpora.hold_out(corpora.load_parallel(source, **options), seed)
+        held, left_out = corpora.hold_out(pairs, seed)
     except ValueError as error:  # too few pairs
         problem = str(error)
         raise ValueError(f"--data {data!r}: {problem[0].lower()}{problem[1:]} ('{{split}}' in "
