@@ -15,9 +15,9 @@ from keras_transformer import runs
 from keras_transformer import training
 
 
-def _compiled_model(**overrides):
+def _compiled_model(accumulate_steps=1, **overrides):
     model = kt.build_transformer(kt.TransformerConfig.tiny(30, d_model=16, d_ff=32, **overrides))
-    training.compile_for_training(model, warmup_steps=10)
+    training.compile_for_training(model, warmup_steps=10, accumulate_steps=accumulate_steps)
     model.optimizer.build(model.trainable_variables)
     return model
 
@@ -139,14 +139,7 @@ def test_a_mixed_float16_checkpoint_resumes_with_its_loss_scale(tmp_path, accumu
     the resumed model's own, and every weight and optimizer variable returns
     (gradient accumulation's too)."""
     training.set_precision("mixed_float16")
-
-    def compiled_model():
-        model = kt.build_transformer(kt.TransformerConfig.tiny(30, d_model=16, d_ff=32))
-        training.compile_for_training(model, warmup_steps=10, accumulate_steps=accumulate_steps)
-        model.optimizer.build(model.trainable_variables)
-        return model
-
-    model = compiled_model()
+    model = _compiled_model(accumulate_steps)
     assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
     generator = np.random.default_rng(0)
     for variable in [*model.weights, *model.optimizer.variables]:
@@ -160,7 +153,7 @@ def test_a_mixed_float16_checkpoint_resumes_with_its_loss_scale(tmp_path, accumu
     callback = training.StepCheckpoint(str(tmp_path))
     callback.set_model(model)
     callback.on_epoch_end(0, {"loss": 1.0})
-    restored = compiled_model()
+    restored = _compiled_model(accumulate_steps)
     assert training.restore_latest_checkpoint(restored, str(tmp_path)) == 5
     for saved, loaded in zip([*model.weights, *model.optimizer.variables],
                              [*restored.weights, *restored.optimizer.variables], strict=True):
