@@ -16,7 +16,9 @@ Exits 1 when a mutant is missed or stale (its line is no longer in the file).
 Each job has a copy of the repository and a test server there (TestServer): a
 process that has imported TensorFlow and pytest, but not the package, and forks a
 fresh pytest run for each mutant, so a mutant costs its tests up to their first
-failure, not TensorFlow's start-up as well. The mutants marked slow run a slow test.
+failure, not TensorFlow's start-up as well. A guard may be a test marked slow (the
+check clears setup.cfg's -m); the mutants marked slow are those whose guard runs for a
+minute or more (XLA compilations, training).
 
 In CI as the slow test `tests/test_mutation_check.py::test_every_mutant_is_caught`, two
 at a time (`--jobs 2`), a third of the mutants a run (`--shard`, from MUTATION_SHARD,
@@ -50,7 +52,8 @@ COPIED = ("keras_transformer", "tests", "benchmarks", "scripts", "train.py", "ex
 
 def mutant(name, path, old, new, tests, slow=False):
     """A defect: in `path`, the line whose stripped text is `old` becomes `new`
-    (same indentation); `tests`: the pytest arguments that must fail."""
+    (same indentation); `tests`: the pytest arguments that must fail; `slow`: they
+    run for a minute or more (`--skip-slow` leaves such a mutant out)."""
     return {"name": name, "path": path, "old": old, "new": new, "tests": list(tests),
             "slow": slow}
 
@@ -815,7 +818,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", help="comma-separated mutant names")
     parser.add_argument("--skip-slow", action="store_true",
-                        help="leave out the mutants whose guard is a slow test")
+                        help="leave out the mutants whose tests run for a minute or more")
     parser.add_argument("--baseline", action="store_true",
                         help="first run every selected test file unmutated (they must pass)")
     parser.add_argument("--shard", metavar="K/N",

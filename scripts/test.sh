@@ -12,7 +12,7 @@ workers=$(nproc 2>/dev/null || echo 1)
 workers=$(( workers > 4 ? 4 : workers ))
 parallel=()
 if (( workers > 1 )); then
-  parallel=(-n "$workers")
+  parallel=(-n "$workers" --dist loadgroup)  # a module's fast tests together (conftest.py)
 fi
 # pytest exits 5 where its arguments select no test: fine for one of the two runs.
 status=0

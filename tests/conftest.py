@@ -48,7 +48,15 @@ def pytest_addoption(parser):
              "or run only them (scripts/test.sh, after)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
 def pytest_collection_modifyitems(config, items):
+    """Under `--dist loadgroup` (scripts/test.sh), a module's fast tests go to one
+    worker: their module-scoped translators and runs (seconds of tracing each) are
+    then built once, not once per worker. Slow tests are spread one by one: they
+    take minutes each and build their own."""
+    for item in items:
+        if item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     for item in items:
         if "quickstart" in getattr(item, "fixturenames", ()) and \
                 item.get_closest_marker("alone") is None:

@@ -337,6 +337,7 @@ def test_a_run_passed_as_an_export_and_an_export_as_a_run_are_named(run_dir, tmp
                        flag[2:]) == str(path)
 
 
+@pytest.mark.slow
 def test_export_on_a_full_disk_says_what_it_wrote(run_dir, tmp_path, monkeypatch, capsys):
     """A disk that fills under the SavedModel: one line, nothing exported (exit 1).
     One that fills under TF Serving's files, after the version is whole: the line

@@ -118,6 +118,7 @@ def test_translate_sentences_keeps_within_the_request_limits(translator, tokeniz
     assert not calls
 
 
+@pytest.mark.slow
 def test_translate_sentences_from_an_export_path(translator, tmp_path):
     """The path alone: the export it loads lives as long as the translation."""
     from keras_transformer import saved_model

@@ -45,7 +45,7 @@ def test_every_mutant_is_caught():
     """The check itself: each mutant applied to a copy makes its tests fail
     (4 to 21 minutes on 2 cores, each test run stopping at its first failure), or
     in CI a third of them (MUTATION_SHARD="K/3", which .ci/run turns with the
-    number of commits). The mutants whose guard is a slow test are left to `python
+    number of commits). The mutants marked slow are left to `python
     scripts/mutation_check.py` by hand: each costs a minute or more of XLA
     compilations or training, and CI's run of every test must stay within its 90
     minutes."""
@@ -83,6 +83,7 @@ def test_a_shard_is_every_nth_mutant_and_the_shards_are_all_of_them():
             mutation_check.main(["--shard", shard, "--list"])
 
 
+@pytest.mark.slow
 def test_the_test_server_runs_each_request_in_a_fresh_child_of_the_copy(tmp_path):
     """A mutant counts as caught on exit status 1 alone: a passing run answers 0, a
     failing one 1, one past its timeout None (its child stopped), and each run

@@ -254,13 +254,38 @@ def test_the_quickstarts_export_translates_short_inputs(quickstart):
     assert translated["bleu"] > MIN_BLEU, translated["bleu"]  # the whole pairs' floor
 
 
-def collected(alone, fixturenames=()):
-    """A collected test as conftest's pytest_collection_modifyitems reads it."""
+def collected(alone, fixturenames=(), slow=False, nodeid="tests/test_x.py::test_x"):
+    """A collected test as conftest's pytest_collection_modifyitems reads it;
+    the marks the hook adds land in its `added`."""
     import types
 
-    return types.SimpleNamespace(
-        nodeid="tests/test_x.py::test_x", fixturenames=list(fixturenames),
-        get_closest_marker=lambda name: object() if alone and name == "alone" else None)
+    marks = {"alone": alone, "slow": slow}
+    item = types.SimpleNamespace(
+        nodeid=nodeid, fixturenames=list(fixturenames), added=[],
+        get_closest_marker=lambda name: object() if marks.get(name) else None)
+    item.add_marker = item.added.append
+    return item
+
+
+def test_the_test_command_keeps_a_modules_fast_tests_on_one_worker():
+    """Under `--dist loadgroup` a fast test's xdist_group is its file, so the
+    module's shared fixtures are built on one worker; a slow test has no group
+    and goes to whichever worker is free."""
+    import types
+
+    from tests import conftest
+
+    items = [collected(False, nodeid="tests/test_a.py::test_one"),
+             collected(False, nodeid="tests/test_a.py::TestK::test_two[x]"),
+             collected(False, slow=True, nodeid="tests/test_a.py::test_three"),
+             collected(False, nodeid="tests/test_b.py::test_one")]
+    config = types.SimpleNamespace(getoption=lambda name: "with")
+    conftest.pytest_collection_modifyitems(config, items)
+    groups = [[(mark.name, mark.args) for mark in item.added] for item in items]
+    assert groups == [[("xdist_group", ("tests/test_a.py",))],
+                      [("xdist_group", ("tests/test_a.py",))],
+                      [],
+                      [("xdist_group", ("tests/test_b.py",))]]
 
 
 def test_the_test_command_runs_the_quickstarts_test_alone_and_only_once():

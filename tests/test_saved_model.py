@@ -221,6 +221,7 @@ def test_existing_version_is_not_overwritten(export_path, translator):
         saved_model.export_translator(translator, base, int(version), check=False)
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_named_and_leaves_no_partial_export(translator, tmp_path, monkeypatch):
     """TensorFlow says a full disk as a ResourceExhaustedError ("...; No space left
     on device"): the export raises the system's error naming the version's

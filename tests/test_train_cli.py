@@ -639,6 +639,7 @@ def test_a_full_disk_under_tensorboards_events_stops_the_run_in_two_lines(tmp_pa
         f"step {saved[-1]}."]
 
 
+@pytest.mark.slow
 def test_sigterm_before_training_says_where_the_run_resumes_and_releases_its_lock(tmp_path):
     run = str(tmp_path / "run")
     process = subprocess.Popen(
@@ -1055,6 +1056,7 @@ def test_pairs_left_out_for_their_length_are_counted_before_training(tokenizer, 
     assert out[-1] == "Left out 4 training pairs longer than 32 tokens (--max-sentence-tokens).", out
 
 
+@pytest.mark.slow
 def test_train_translates_as_its_export_and_run_commands_do(tokenizer, tmp_path):
     """The translators with which train chooses the decoding and scores its test
     BLEU search as its export and translate and evaluate --run do, whatever it
@@ -1082,6 +1084,7 @@ def test_train_translates_as_its_export_and_run_commands_do(tokenizer, tmp_path)
     np.testing.assert_allclose(ours["score"], theirs["score"], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_at_its_step_and_says_where_the_run_resumes_without_a_stack(tmp_path):
     run = str(tmp_path / "run")
     # Ctrl-C's default action in the run, even where this suite was started in
