@@ -71,6 +71,8 @@ from keras_transformer import hardware  # noqa: E402
 from keras_transformer import saved_model  # noqa: E402
 from keras_transformer import serving  # noqa: E402
 from keras_transformer.data import BOS_ID  # noqa: E402
+from keras_transformer.decoding_config import PAPER_ALPHA  # noqa: E402
+from keras_transformer.decoding_config import PAPER_EXTRA_LENGTH  # noqa: E402
 from machine import cpu_flags  # noqa: E402
 from machine import matmul_peak  # noqa: E402
 
@@ -132,9 +134,9 @@ def translator_for(model, args, variant):
         None,  # ids only: the benchmark needs no vocabulary
         beam_size=args.beam_size,
         beam_sizes=(args.beam_size,),
-        extra_length=args.forced_steps - args.source_length if forced else 50,
+        extra_length=args.forced_steps - args.source_length if forced else PAPER_EXTRA_LENGTH,
         max_input_length=args.source_length,
-        max_output_length=args.forced_steps if forced else args.source_length + 50,
+        max_output_length=args.forced_steps if forced else args.source_length + PAPER_EXTRA_LENGTH,
         jit_compile=variant == "xla",
         use_cache=variant != "uncached",
         ignore_eos=forced,
@@ -202,7 +204,7 @@ def ctranslate2_engines(model, args, source_ids, directory, quantization):
     path = os.path.join(directory, f"ct2-{quantization}")
     ctranslate2_model.write_model(model, pieces, path, quantization)
     sources = [[pieces[i] for i in row] for row in source_ids.numpy().tolist()]
-    steps = args.forced_steps or args.source_length + 50
+    steps = args.forced_steps or args.source_length + PAPER_EXTRA_LENGTH
     cores = available_cores()
     layouts = {"inter_threads 1": (1, cores, args.batch_size)}
     if cores > 1:
@@ -271,7 +273,7 @@ def export_engine(model, args, variant, source_ids, directory):
     inputs = dict(
         ids=source_ids,
         beam_size=tf.constant(args.beam_size),
-        alpha=tf.constant(0.6),
+        alpha=tf.constant(PAPER_ALPHA),
         extra_length=tf.constant(translator.config.extra_length),
         no_repeat_ngram_size=tf.constant(0),
     )
@@ -285,7 +287,7 @@ def export_engine(model, args, variant, source_ids, directory):
 def profile_step(model, args, source_ids):
     """Times the pieces of one decoding step, in-process, graph mode."""
     rows = args.batch_size * args.beam_size
-    steps = args.forced_steps or args.source_length + 50
+    steps = args.forced_steps or args.source_length + PAPER_EXTRA_LENGTH
     config = model.config
     @tf.function(autograph=False)
     def encode():  # once per batch: the K hypotheses of a source share its cache

@@ -63,6 +63,7 @@ from keras_transformer import hardware  # noqa: E402
 from keras_transformer import runs  # noqa: E402
 from keras_transformer import saved_model  # noqa: E402
 from keras_transformer import serving  # noqa: E402
+from keras_transformer.decoding_config import PAPER_EXTRA_LENGTH  # noqa: E402
 from keras_transformer.decoding_config import REQUEST_SETTINGS  # noqa: E402
 from machine import cpu_flags  # noqa: E402
 from machine import tensorflow_device  # noqa: E402
@@ -127,7 +128,7 @@ def load_model(args):
     """(model, tokenizer, translator options) for the run or the random model."""
     if args.run:
         model, tokenizer, _ = runs.Run(args.run).load()
-        return model, tokenizer, dict(extra_length=50)
+        return model, tokenizer, dict(extra_length=PAPER_EXTRA_LENGTH)
     pairs = data.load_parallel("bundled", "train").take(20000)
     tokenizer = data.SubwordTokenizer.train(pairs, vocab_size=args.vocab_size)
     keras.utils.set_random_seed(0)

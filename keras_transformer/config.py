@@ -8,6 +8,7 @@ presets `base`, `big` and the Table 3 rows are reachable by name through
 import dataclasses
 import json
 
+from keras_transformer.corpus_names import BUNDLED
 from keras_transformer.token_ids import BYTE_TOKENS
 from keras_transformer.token_ids import smallest_vocab_size
 
@@ -35,6 +36,14 @@ PAPER_WARMUP_STEPS = 4000
 # 22% of an H200's wall clock, with 1000 7% (docs/gpu-and-distribution.md).
 PAPER_CHECKPOINT_EVERY = 1000
 PAPER_MIN_D_MODEL = 512
+# Sec. 5.1's data: a shared BPE vocabulary of about 37000 tokens (learned here from
+# the first 2 million sentences), batches of about 25000 source and 25000 target
+# tokens; sentences up to 256 tokens. The library's batching and vocabulary
+# default to them; `TrainingConfig.paper()` takes them.
+PAPER_VOCAB_SIZE = 37000
+PAPER_VOCAB_SENTENCES = 2_000_000
+PAPER_TOKENS_PER_BATCH = 25000
+PAPER_MAX_SENTENCE_TOKENS = 256
 # TrainingConfig field: the value such a run takes.
 PAPER_WIDTH_SETTINGS = {"warmup_steps": PAPER_WARMUP_STEPS,
                         "checkpoint_every": PAPER_CHECKPOINT_EVERY}
@@ -351,7 +360,7 @@ class TrainingConfig:
         seed: seeds weights, dropout and shuffling.
     """
 
-    data: str = "bundled"
+    data: str = BUNDLED
     source_language: str | None = None
     target_language: str | None = None
     model: str = AUTO_MODEL
@@ -457,9 +466,10 @@ class TrainingConfig:
         100K steps (base) or 300K (big), averaging the last 5 or 20 checkpoints."""
         big = model == "big"
         values = dict(
-            data="tfds:wmt14_translate/de-en", model=model, vocab_size=37000,
-            vocab_sentences=2_000_000, steps=300_000 if big else 100_000,
-            tokens_per_batch=25000, max_sentence_tokens=256, unpunctuated_share=0.0,
+            data="tfds:wmt14_translate/de-en", model=model, vocab_size=PAPER_VOCAB_SIZE,
+            vocab_sentences=PAPER_VOCAB_SENTENCES, steps=300_000 if big else 100_000,
+            tokens_per_batch=PAPER_TOKENS_PER_BATCH,
+            max_sentence_tokens=PAPER_MAX_SENTENCE_TOKENS, unpunctuated_share=0.0,
             clause_share=0.0,
             warmup_steps=PAPER_WARMUP_STEPS, learning_rate_scale=1.0,
             checkpoint_every=PAPER_CHECKPOINT_EVERY,

@@ -17,6 +17,9 @@ Imports no TensorFlow.
 
 import dataclasses
 
+from keras_transformer.config import TrainingConfig
+from keras_transformer.config import TransformerConfig
+
 # The share of a budget that goes into training steps; the rest is start-up,
 # the vocabulary, timing the recipes' steps, the first step of each batch shape,
 # dev passes, checkpoints and averaging (`keras-transformer train` prints the
@@ -50,9 +53,13 @@ class Recipe:
 # large one's peak learning rate. The runs behind these settings and the
 # threshold, and what is not measured yet (where the two recipes cross), are in
 # docs/cpu-recipes.md.
+# The large recipe is the one a run without a budget trains: the defaults of
+# `TrainingConfig` (vocabulary 8000, batches 4096, scale 1) and of the model's
+# P_drop (0.1).
 RECIPES = (
-    Recipe(vocab_size=8000, tokens_per_batch=4096, dropout_rate=0.1, learning_rate_scale=1.0,
-           min_updates=2500),
+    Recipe(vocab_size=TrainingConfig.vocab_size, tokens_per_batch=TrainingConfig.tokens_per_batch,
+           dropout_rate=TransformerConfig.dropout_rate,
+           learning_rate_scale=TrainingConfig.learning_rate_scale, min_updates=2500),
     Recipe(vocab_size=4000, tokens_per_batch=2048, dropout_rate=0.0, learning_rate_scale=0.5,
            min_updates=0),
 )

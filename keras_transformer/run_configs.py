@@ -81,8 +81,8 @@ def _training_config(run_dir, fields, explicit, saved):
 def _model_config(config, overrides, model_config_file, saved, model_named, cores):
     """The preset (or the file), then the overrides; a resumed run keeps its own
     (other shape flags are refused by `check_same_model`)."""
-    derived = dict(vocab_size=config.vocab_size,
-                   max_positions=max(config.max_sentence_tokens, 256))
+    derived = dict(vocab_size=config.vocab_size,  # at least the model's default table
+                   max_positions=max(config.max_sentence_tokens, TransformerConfig.max_positions))
     if config.init_from and saved is None:
         if model_named or model_config_file is not None:
             raise ValueError("--init-from takes the model of the run it starts from; drop "

@@ -24,6 +24,8 @@ from keras_transformer import runs
 from keras_transformer.budget import ProgressLine
 from keras_transformer.config import PAPER_WARMUP_STEPS
 from keras_transformer.config import PRECISIONS
+from keras_transformer.config import TrainingConfig
+from keras_transformer.config import TransformerConfig
 from keras_transformer.data.batching import with_known_length
 from keras_transformer.data.batching import without_autotuning
 from keras_transformer.distributed import is_chief
@@ -50,8 +52,10 @@ def set_precision(precision):
     keras.config.set_dtype_policy(precision)
 
 
-def compile_for_training(model, label_smoothing=0.1, warmup_steps=PAPER_WARMUP_STEPS,
-                         learning_rate_scale=1.0, jit_compile=False, accumulate_steps=1):
+def compile_for_training(model, label_smoothing=TransformerConfig.label_smoothing,
+                         warmup_steps=PAPER_WARMUP_STEPS,
+                         learning_rate_scale=TrainingConfig.learning_rate_scale,
+                         jit_compile=False, accumulate_steps=1):
     """Compiles `model` with the paper's recipe (Sec. 5.3-5.4).
 
     Adam (beta1 0.9, beta2 0.98, epsilon 1e-9) on `TransformerSchedule`, the
@@ -351,7 +355,7 @@ class StepCheckpoint(keras.callbacks.Callback):
             run (None: none kept).
     """
 
-    def __init__(self, directory, keep=5, clock=None):
+    def __init__(self, directory, keep=TrainingConfig.keep_checkpoints, clock=None):
         super().__init__()
         self.directory = directory
         self.checkpoints = Checkpoints(directory)

@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import serving
+from keras_transformer.decoding_config import one_beam_size
 from keras_transformer.token_ids import BOS_ID
 from keras_transformer.token_ids import EOS_ID
 
@@ -56,7 +57,7 @@ def cross_attention_weights(model, tokenizer, source, target=None, *, layer=-1,
         layer: index of the decoder layer (-1, the last, by default).
         translator: a `keras_transformer.serving.Translator` for `target=None`.
         max_input_length: sources are truncated to this many tokens (default:
-            the model's `max_positions`, as the translator does).
+            `translator`'s, or the model's `max_positions`, a new translator's).
 
     Returns:
         An `AttentionWeights`.
@@ -64,10 +65,12 @@ def cross_attention_weights(model, tokenizer, source, target=None, *, layer=-1,
     layer = _layer_index(layer, len(model.decoder_layers))
     if target is None:
         if translator is None:
-            translator = serving.Translator(model, tokenizer, beam_sizes=(4,))
+            translator = serving.Translator(model, tokenizer, **one_beam_size())
         outputs = translator.translate(tf.constant([source]))
         target = outputs["translation"].numpy()[0].decode("utf-8")
-    max_input_length = max_input_length or model.config.max_positions
+    if max_input_length is None:  # the source the translator read
+        max_input_length = (translator.config.max_input_length if translator is not None
+                            else model.config.max_positions)
     source_ids = tokenizer.tokenize(tf.constant([source]))[:, :max_input_length]
     source_ids = tf.cast(source_ids.to_tensor(), tf.int32)  # (1, S)
     target_ids = tf.cast(tokenizer.tokenize(tf.constant([target])).to_tensor(), tf.int32)

@@ -159,9 +159,15 @@ def recase_chapter_opening(text, casing, english=""):
     return text[: match.start()] + _WORD.sub(recase, match.group()) + text[match.end():]
 
 
-def split_of(book, chapter):
-    digest = hashlib.sha256(f"{book} {chapter}".encode("utf-8")).digest()
+def split_of_key(key):
+    """The split of every pair that shares `key` (a chapter, a message): its
+    sha256 bucket, so that a rebuild puts each where it was."""
+    digest = hashlib.sha256(key.encode("utf-8")).digest()
     return SPLIT_OF_BUCKET.get(int.from_bytes(digest[:8], "big") % SPLIT_MODULUS, "train")
+
+
+def split_of(book, chapter):
+    return split_of_key(f"{book} {chapter}")
 
 
 def package_version(package):

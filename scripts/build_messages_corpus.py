@@ -70,6 +70,8 @@ import sys
 import tempfile
 import unicodedata
 
+from build_bundled_corpus import SPLIT_MODULUS
+from build_bundled_corpus import split_of_key
 from build_bundled_corpus import write_splits
 
 # Debian packages whose German catalogs are read, in processing order (sorted). Each
@@ -103,8 +105,6 @@ MAX_LENGTH_RATIO = 3.0
 # An English text this long found verbatim inside its German is untranslated: gcc's
 # German catalog labels its internal errors "Interner Fehler: <the English>".
 MIN_CHARS_UNTRANSLATED = 20
-SPLIT_MODULUS = 20
-SPLIT_OF_BUCKET = {0: "dev", 1: "test"}  # every other bucket is train
 # Catalog domain -> the accelerator markers it uses; see step 3 of the docstring.
 ACCELERATORS = {"gnupg2": "_", "vim": "&_"}
 # Licenses read by hand: copyright files that are not machine-readable (DEP-5), and
@@ -317,8 +317,7 @@ def copyright_path(root, package):
 
 
 def split_of(english):
-    digest = hashlib.sha256(english.encode("utf-8")).digest()
-    return SPLIT_OF_BUCKET.get(int.from_bytes(digest[:8], "big") % SPLIT_MODULUS, "train")
+    return split_of_key(english)
 
 
 def debian_release():

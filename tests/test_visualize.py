@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_transformer import serving
 from keras_transformer import visualize
 from keras_transformer.data import BOS_ID
 from tests.translation_fixtures import SENTENCES
@@ -76,6 +77,22 @@ def test_weights_of_a_sentence_pair(tokenizer):
     assert attention.query_tokens[-1] == "</s>" and attention.layer == 0
     with pytest.raises(ValueError, match="layer must be in"):
         visualize.cross_attention_weights(model, tokenizer, "a", "b", layer=5)
+
+
+def test_without_a_target_the_weights_are_of_the_translation_of_what_the_translator_read(
+        tokenizer):
+    """The translator's translation, teacher-forced over the source it read: its
+    first max_input_length tokens, not the model's max_positions."""
+    model = make_model(tokenizer.vocab_size)
+    translator = serving.Translator(model, tokenizer, beam_size=1, beam_sizes=(1,),
+                                    max_input_length=4, extra_length=4)
+    source = SENTENCES[0]
+    assert tokenizer.tokenize(tf.constant([source])).row_lengths()[0] > 4
+    attention = visualize.cross_attention_weights(model, tokenizer, source, translator=translator)
+    translation = translator.translate(tf.constant([source]))["translation"][0]
+    assert len(attention.key_tokens) == 4
+    assert len(attention.query_tokens) == tokenizer.tokenize(
+        translation[tf.newaxis]).row_lengths()[0] + 1  # and </s>
 
 
 def test_heatmap_png(tokenizer, tmp_path):

@@ -18,6 +18,9 @@ import threading
 
 from keras_transformer import export_files
 from keras_transformer import run_files
+from keras_transformer.corpus_names import BUNDLED
+from keras_transformer.corpus_names import SPLIT_PLACEHOLDER
+from keras_transformer.corpus_names import TFDS_PREFIX
 from keras_transformer.decoding_config import PAPER_ALPHA
 from keras_transformer.decoding_config import PAPER_DECODING
 from keras_transformer.durable import FULL
@@ -233,7 +236,7 @@ def use_compilation_cache(directory):
 def is_named_corpus(data):
     """Whether a corpus flag (train --data, evaluate --test) names the bundled
     corpus or a TFDS one, rather than files."""
-    return data == "bundled" or data.startswith("tfds:")
+    return data == BUNDLED or data.startswith(TFDS_PREFIX)
 
 
 def corpus_source(data):
@@ -253,14 +256,14 @@ def has_splits(data):
     """Whether a corpus flag names a corpus with splits of its own: bundled, TFDS,
     or files with a '{split}' placeholder. Files without one are a whole corpus,
     of which train holds out dev and test pairs (`data.hold_out`)."""
-    return is_named_corpus(data) or "{split}" in data
+    return is_named_corpus(data) or SPLIT_PLACEHOLDER in data
 
 
 def corpus_splits(data):
     """The split names of a corpus flag with splits (`has_splits`): TFDS's
     train/validation/test, or train/dev/test of the bundled corpus and of files
     with a '{split}' placeholder."""
-    if data.startswith("tfds:"):
+    if data.startswith(TFDS_PREFIX):
         return {"train": "train", "dev": "validation", "test": "test"}
     return {"train": "train", "dev": "dev", "test": "test"}
 
@@ -334,9 +337,9 @@ def check_corpus_files(data, splits):
         return
     for split in splits:
         for path in paths:
-            path = path.replace("{split}", names[split])
+            path = path.replace(SPLIT_PLACEHOLDER, names[split])
             if not os.path.isfile(path):
-                uses = _SPLIT_USES[split].format(whole=data.replace("{split}", names["train"]))
+                uses = _SPLIT_USES[split].format(whole=data.replace(SPLIT_PLACEHOLDER, names["train"]))
                 raise ValueError(f"{path} does not exist or is not a file: the {split} "
                                  f"file of --data {data!r} ({uses})")
 

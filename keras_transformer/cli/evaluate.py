@@ -29,6 +29,7 @@ from keras_transformer.cli.common import os_error_line
 from keras_transformer.cli.common import parallel_searches
 from keras_transformer.cli.common import start_decoding
 from keras_transformer.cli.common import write_lines
+from keras_transformer.corpus_names import BUNDLED
 from keras_transformer.decoding_config import REQUEST_SETTINGS
 
 
@@ -92,7 +93,7 @@ def load_pairs(args):
             raise FileNotFoundError(f"{error}: the {args.split} split of the corpus the run "
                                     f"trained on (--data {corpus!r}); pass --test to score "
                                     "another") from error
-    test = test or "bundled"
+    test = test or BUNDLED
     source = corpus_source(test)
     if is_named_corpus(test):
         return data.load_parallel(source, args.split, **languages)

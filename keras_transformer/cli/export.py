@@ -90,7 +90,7 @@ def parse_args(argv, prog=PROG):
     check_not_swapped(parser, run=args.run)
     if args.warmup_file is not None and not os.path.isfile(args.warmup_file):
         parser.error(f"--warmup-file {args.warmup_file} does not exist")
-    if args.format == "ctranslate2" and args.precision != "float32":
+    if args.format == "ctranslate2" and args.precision != RUN_PRECISION:
         parser.error("--precision is for SavedModel exports; a CTranslate2 export takes "
                      "--quantization")
     try:  # without --alpha or --no-repeat-ngram-size, the run's (main)

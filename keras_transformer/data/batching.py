@@ -21,6 +21,8 @@ import math
 
 import tensorflow as tf
 
+from keras_transformer.config import PAPER_MAX_SENTENCE_TOKENS
+from keras_transformer.config import PAPER_TOKENS_PER_BATCH
 from keras_transformer.token_ids import BOS_ID, EOS_ID, PAD_ID
 
 # Pairs tokenized and grouped per step: tf.data's cost is per call, not per pair.
@@ -139,8 +141,8 @@ class BatchStats:
 def make_batches(
     pairs,
     tokenizer,
-    tokens_per_batch=25000,
-    max_sentence_tokens=256,
+    tokens_per_batch=PAPER_TOKENS_PER_BATCH,
+    max_sentence_tokens=PAPER_MAX_SENTENCE_TOKENS,
     *,
     num_replicas=1,
     shuffle=True,

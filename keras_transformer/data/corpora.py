@@ -23,11 +23,13 @@ import urllib.request
 import numpy as np
 import tensorflow as tf
 
-BUNDLED = "bundled"
+from keras_transformer.corpus_names import BUNDLED
+from keras_transformer.corpus_names import SPLIT_PLACEHOLDER
+from keras_transformer.corpus_names import TFDS_PREFIX
+
 BUNDLED_DIR = os.path.join(os.path.dirname(__file__), "bundled")
 BUNDLED_LANGUAGES = ("en", "es")
 BUNDLED_SPLITS = ("train", "dev", "test")
-TFDS_PREFIX = "tfds:"
 _SPLIT_ALIASES = {"validation": "dev"}
 # Lines per call of a dataset function: tf.data's cost is per call, not per line.
 _BLOCK = 4096
@@ -389,10 +391,10 @@ def _choose_languages(keys, source_language, target_language, default, what):
 
 
 def _format_split(path, split):
-    if "{split}" in path:
+    if SPLIT_PLACEHOLDER in path:
         if split is None:
             raise ValueError(f"{path} has a {{split}} placeholder; pass split= (--split)")
-        return path.replace("{split}", split)
+        return path.replace(SPLIT_PLACEHOLDER, split)
     if split is not None:
         raise ValueError(
             f"A file source has no splits; pass the file of the split "

@@ -19,6 +19,8 @@ import tensorflow as tf
 from sentencepiece import sentencepiece_model_pb2
 import tensorflow_text
 
+from keras_transformer.config import PAPER_VOCAB_SENTENCES
+from keras_transformer.config import PAPER_VOCAB_SIZE
 from keras_transformer.data import text_normalization
 from keras_transformer.data.casing import Casing
 from keras_transformer.hardware import available_cores
@@ -126,8 +128,8 @@ class SubwordTokenizer(tf.Module):
     def train(
         cls,
         texts,
-        vocab_size=37000,
-        max_sentences=2_000_000,
+        vocab_size=PAPER_VOCAB_SIZE,
+        max_sentences=PAPER_VOCAB_SENTENCES,
         seed=0,
         model_type="bpe",
         character_coverage=1.0,

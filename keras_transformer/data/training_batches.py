@@ -43,6 +43,8 @@ import unicodedata
 import numpy as np
 import tensorflow as tf
 
+from keras_transformer.config import PAPER_MAX_SENTENCE_TOKENS
+from keras_transformer.config import PAPER_TOKENS_PER_BATCH
 from keras_transformer.data.batching import CHUNK_SIZE
 from keras_transformer.data.batching import bucket_lengths
 from keras_transformer.data.batching import fit_bucket_lengths
@@ -113,7 +115,8 @@ class TrainingBatches:
     ```
     """
 
-    def __init__(self, pairs, tokenizer, tokens_per_batch=25000, max_sentence_tokens=256, *,
+    def __init__(self, pairs, tokenizer, tokens_per_batch=PAPER_TOKENS_PER_BATCH,
+                 max_sentence_tokens=PAPER_MAX_SENTENCE_TOKENS, *,
                  seed, num_replicas=1, bucket_boundaries=None, num_buckets=None,
                  unpunctuated_share=0.0, clause_share=0.0):
         if max_sentence_tokens < 1:
