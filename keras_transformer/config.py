@@ -331,7 +331,7 @@ class TrainingConfig:
         alpha_sentences: dev sentences on which, when training ends, the run's
             decoding is chosen (Sec. 6.1 chose alpha on the development set):
             the length penalty alpha with repeated 4-grams blocked, the
-            paper's 0.6, then 0.8, 1.0 and 1.2 while sacreBLEU rises; then
+            paper's 0.6, 0.8, 1.0 and 1.2, the best of the four; then
             blocking kept only if it beats the paper's search at that alpha
             (`evaluation.choose_decoding`). Exports, translate and evaluate of
             the run take them unless given --alpha or --no-repeat-ngram-size;
