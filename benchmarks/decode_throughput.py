@@ -136,7 +136,8 @@ def translator_for(model, args, variant):
         beam_sizes=(args.beam_size,),
         extra_length=args.forced_steps - args.source_length if forced else PAPER_EXTRA_LENGTH,
         max_input_length=args.source_length,
-        max_output_length=args.forced_steps if forced else args.source_length + PAPER_EXTRA_LENGTH,
+        max_output_length=(args.forced_steps if forced
+                           else args.source_length + PAPER_EXTRA_LENGTH),
         jit_compile=variant == "xla",
         use_cache=variant != "uncached",
         ignore_eos=forced,

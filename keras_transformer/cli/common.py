@@ -339,7 +339,8 @@ def check_corpus_files(data, splits):
         for path in paths:
             path = path.replace(SPLIT_PLACEHOLDER, names[split])
             if not os.path.isfile(path):
-                uses = _SPLIT_USES[split].format(whole=data.replace(SPLIT_PLACEHOLDER, names["train"]))
+                whole = data.replace(SPLIT_PLACEHOLDER, names["train"])
+                uses = _SPLIT_USES[split].format(whole=whole)
                 raise ValueError(f"{path} does not exist or is not a file: the {split} "
                                  f"file of --data {data!r} ({uses})")
 
