@@ -58,11 +58,13 @@ def move_checkpoint(run, old_step, new_step):
     """Makes `run`'s checkpoint at `old_step` one at `new_step`."""
     import h5py
 
-    directory = os.path.join(run, "checkpoints")
-    old, new = (os.path.join(directory, f"ckpt-{step:08d}") for step in (old_step, new_step))
-    for suffix in (".weights.h5", ".rng.npy"):
-        os.replace(old + suffix, new + suffix)
-    with h5py.File(new + ".weights.h5", "r+") as weights:
+    from keras_transformer.runs import Run  # TensorFlow's import, quiet by now
+
+    checkpoints = Run(run).checkpoints
+    old, new = checkpoints.path(old_step), checkpoints.path(new_step)
+    os.replace(checkpoints.rng_path(old), checkpoints.rng_path(new))
+    os.replace(old, new)
+    with h5py.File(new, "r+") as weights:
         iterations = weights["optimizer/vars/0"]  # the optimizer's step counter
         assert iterations[()] == old_step, iterations[()]
         iterations[()] = new_step

@@ -59,6 +59,7 @@ import tensorflow as tf  # noqa: E402
 from keras_transformer import TransformerConfig  # noqa: E402
 from keras_transformer import build_transformer  # noqa: E402
 from keras_transformer import data  # noqa: E402
+from keras_transformer import export_files  # noqa: E402
 from keras_transformer import hardware  # noqa: E402
 from keras_transformer import runs  # noqa: E402
 from keras_transformer import saved_model  # noqa: E402
@@ -220,7 +221,7 @@ def replay_warmup(loaded, path, settings):
                 for name in REQUEST_SETTINGS}
     start = time.perf_counter()
     for record in tf.data.TFRecordDataset(
-            os.path.join(path, "assets.extra", saved_model.WARMUP_FILENAME)):
+            os.path.join(path, export_files.ASSETS_EXTRA, export_files.WARMUP_FILENAME)):
         request = prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
         signature = loaded.signatures[request.model_spec.signature_name]
         inputs = {name: tf.constant(tf.make_ndarray(proto))

@@ -10,8 +10,11 @@ TensorFlow starts (`cli.common.start_decoding`).
 import json
 import os
 
-# In a version directory's assets.extra/: the model's, translator's and run's
-# settings, and TF Serving's warm-up requests.
+# A version directory's graph, and its folder of files TF Serving reads beside
+# the SavedModel: the model's, translator's and run's settings, and the warm-up
+# requests.
+SAVED_MODEL_FILENAME = "saved_model.pb"
+ASSETS_EXTRA = "assets.extra"
 CONFIG_FILENAME = "config.json"
 WARMUP_FILENAME = "tf_serving_warmup_requests"
 # A CTranslate2 export's model, and our settings beside it (the model, the weights'
@@ -26,7 +29,7 @@ def version_directory(path):
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"export directory {path} does not exist")
-    if os.path.exists(os.path.join(path, "saved_model.pb")):
+    if os.path.exists(os.path.join(path, SAVED_MODEL_FILENAME)):
         return path
     versions = _versions(path)
     if not versions:
@@ -42,7 +45,7 @@ def is_export(path):
     of one, or a CTranslate2 export."""
     path = os.fspath(path)
     return os.path.isdir(path) and (
-        os.path.exists(os.path.join(path, "saved_model.pb")) or bool(_versions(path))
+        os.path.exists(os.path.join(path, SAVED_MODEL_FILENAME)) or bool(_versions(path))
         or is_ctranslate2_export(path))
 
 
@@ -55,7 +58,7 @@ def is_ctranslate2_export(path):
 
 def _versions(path):
     return [name for name in os.listdir(path)
-            if name.isdigit() and os.path.exists(os.path.join(path, name, "saved_model.pb"))]
+            if name.isdigit() and os.path.exists(os.path.join(path, name, SAVED_MODEL_FILENAME))]
 
 
 def translator_settings(path):
@@ -76,7 +79,7 @@ def _recorded(path):
     if is_ctranslate2_export(path):
         config = os.path.join(path, CTRANSLATE2_SETTINGS)
     else:
-        config = os.path.join(version_directory(path), "assets.extra", CONFIG_FILENAME)
+        config = os.path.join(version_directory(path), ASSETS_EXTRA, CONFIG_FILENAME)
     if not os.path.exists(config):
         return {}
     with open(config) as f:

@@ -39,6 +39,7 @@ WEIGHTS = {"averaged": AVERAGED_WEIGHTS, "final": FINAL_MODEL}
 # "checkpoints", the average of its newest checkpoints as they are (a run that
 # stopped before its end, which writes the two files, or one still training).
 WEIGHT_CHOICES = (*WEIGHTS, "checkpoints")
+CHECKPOINT_NAME = "ckpt-{step:08d}.weights.h5"  # and its pattern, which reads the step:
 CHECKPOINT_PATTERN = re.compile(r"ckpt-(\d+)\.weights\.h5$")
 
 

@@ -9,7 +9,6 @@ Runs last days, so every file of one is written to survive a kill at any
 moment, and one trainer at a time writes a run (`durable.py`).
 """
 
-import glob
 import hashlib
 import json
 import os
@@ -27,6 +26,7 @@ from keras_transformer.data import SubwordTokenizer
 from keras_transformer.decoding_config import PAPER_DECODING
 from keras_transformer.model import build_transformer
 from keras_transformer.run_files import AVERAGED_WEIGHTS
+from keras_transformer.run_files import CHECKPOINT_NAME
 from keras_transformer.run_files import CHECKPOINT_PATTERN
 from keras_transformer.run_files import CHECKPOINTS
 from keras_transformer.run_files import CONFIG
@@ -65,7 +65,7 @@ class Checkpoints:
 
     def path(self, step):
         """The checkpoint of optimizer step `step`."""
-        return os.path.join(self.directory, f"ckpt-{step:08d}.weights.h5")
+        return os.path.join(self.directory, CHECKPOINT_NAME.format(step=step))
 
     @staticmethod
     def rng_path(checkpoint):
@@ -93,11 +93,13 @@ class Checkpoints:
 
     def list(self):
         """`[(step, path)]` of the checkpoints, oldest first."""
+        if not os.path.isdir(self.directory):
+            return []
         found = []
-        for path in glob.glob(os.path.join(self.directory, "ckpt-*.weights.h5")):
-            match = CHECKPOINT_PATTERN.search(os.path.basename(path))
+        for name in os.listdir(self.directory):
+            match = CHECKPOINT_PATTERN.match(name)
             if match:
-                found.append((int(match.group(1)), path))
+                found.append((int(match.group(1)), os.path.join(self.directory, name)))
         return sorted(found)
 
     def last(self, count):

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import serving_shapes
+from keras_transformer.export_files import ASSETS_EXTRA
 from keras_transformer.export_files import CONFIG_FILENAME
 from keras_transformer.export_files import WARMUP_FILENAME
 from keras_transformer.durable import full_disk_error
@@ -108,7 +109,7 @@ def export_translator(
     signatures = translator.signatures()
     try:
         tf.saved_model.save(translator, temporary_path, signatures=signatures)
-        extra = os.path.join(temporary_path, "assets.extra")
+        extra = os.path.join(temporary_path, ASSETS_EXTRA)
         os.makedirs(extra, exist_ok=True)
         resolved = {
             "model": translator.model.config.to_dict(),

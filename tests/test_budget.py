@@ -9,6 +9,7 @@ import pytest
 
 from keras_transformer import budget
 from keras_transformer import recipes
+from keras_transformer.config import TIME_BUDGET_CLOCKS
 from keras_transformer.config import TransformerConfig
 
 
@@ -25,6 +26,14 @@ def test_the_budget_takes_the_first_recipe_that_gets_the_updates_it_needs():
     assert chosen == small
     assert estimates == [(big, int(big.min_updates * 1.001 / 1.01), step_seconds[big]),  # down
                          (small, int(3 * big.min_updates * 1.001), step_seconds[small])]
+
+
+def test_each_clock_a_config_takes_is_one_the_budget_reads():
+    """`TrainingConfig` checks --time-budget-clock against its names, and the run's
+    `TrainingClock` reads the clock of that name: the two lists are one."""
+    assert sorted(budget.CLOCKS) == sorted(TIME_BUDGET_CLOCKS)
+    assert budget.CLOCKS["wall"] is budget.time.monotonic
+    assert budget.CLOCKS["cpu"] is budget.time.process_time
 
 
 def test_a_timed_step_is_the_median_of_the_steps_after_the_first(monkeypatch):
