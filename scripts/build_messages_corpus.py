@@ -316,10 +316,6 @@ def copyright_path(root, package):
     return os.path.join(doc, "copyright"), None
 
 
-def split_of(english):
-    return split_of_key(english)
-
-
 def debian_release():
     try:
         with open("/etc/os-release", encoding="utf-8") as f:
@@ -407,7 +403,7 @@ def build(work_dir, pins):
                 seen.add(en)
                 kept += 1
                 assert "\t" not in en + de and "\n" not in en + de
-                rows[split_of(en)].append(f"{en}\t{de}\n")
+                rows[split_of_key(en)].append(f"{en}\t{de}\n")
         entry["entries_read"], entry["pairs_kept"] = read, kept
         counts["entries_read"] += read
         packages.append(entry)
