@@ -45,6 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [HERE, ROOT]
 
+from keras_transformer import run_files  # noqa: E402
 from keras_transformer.config import PAPER_WARMUP_STEPS  # noqa: E402
 from machine import cpu_flags  # noqa: E402
 from machine import datasheet_peak  # noqa: E402
@@ -131,7 +132,7 @@ def logged_intervals(run_dir):
     """log.csv's rows: step, target tokens/s, training and dev loss (whether the run
     learns), and where the interval's time went (its steps' median, its dev pass and
     its checkpoint), of each checkpoint interval."""
-    path = os.path.join(run_dir, "log.csv")
+    path = os.path.join(run_dir, run_files.CSV_LOG)
     if not os.path.exists(path):
         return []
     with open(path) as f:

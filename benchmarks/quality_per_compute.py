@@ -234,6 +234,7 @@ def run_ours(args, directory):
     """Runs train.py for the budget in a child process, then scores each kept
     checkpoint and the averaged weights."""
     from keras_transformer import evaluation
+    from keras_transformer import run_files
     from keras_transformer import runs
     from keras_transformer import serving
     from keras_transformer import training
@@ -252,8 +253,9 @@ def run_ours(args, directory):
                            if not LIBRARY_LOG_LINE.match(line.encode()))
         raise RuntimeError(f"train.py failed (exit {result.returncode}); the end of "
                            f"{train_log}:\n{tail}")
-    cpu_by_step = read_log(os.path.join(run_dir, "log.csv"))
-    checkpoints = runs.Checkpoints(os.path.join(run_dir, "checkpoints")).list()
+    run = runs.Run(run_dir)
+    cpu_by_step = read_log(os.path.join(run_dir, run_files.CSV_LOG))
+    checkpoints = run.checkpoints.list()
     missing = [step for step, _ in checkpoints if step not in cpu_by_step]
     if missing:
         raise ValueError(f"{run_dir}/log.csv has no row for the checkpoints of steps {missing}")
@@ -267,7 +269,7 @@ def run_ours(args, directory):
     test_pairs = load_pairs(args, "test", args.test_pairs)
     sources = [source for source, _ in test_pairs]
     references = [target for _, target in test_pairs]
-    model, tokenizer, run_config = runs.Run(run_dir).load()
+    model, tokenizer, run_config = run.load()
     translator = serving.Translator(model, tokenizer)  # beam 4, alpha 0.6 (Sec. 6.1)
     averaged = evaluation.evaluate(translator, test_pairs, limit=args.test_pairs)
     hypotheses = averaged["hypotheses"]
