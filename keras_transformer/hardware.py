@@ -178,28 +178,46 @@ def bfloat16_reason(flags, matmul_flops):
 
 def matmul_flops_per_second(compute_dtype="float32", seconds=0.3):
     """FLOP/s of TensorFlow multiplying (1024 x 256) by (256 x 4096) matrices in
-    `compute_dtype`, the best of the calls made in about `seconds`. The matrices
-    come from stateless random ops: the run's seed is not set yet, and with op
-    determinism on (TF_DETERMINISTIC_OPS) a seedless random op raises."""
-    import tensorflow as tf
-
-    a = tf.cast(tf.random.stateless_normal((1024, 256), seed=(1, 2)), compute_dtype)
-    b = tf.cast(tf.random.stateless_normal((256, 4096), seed=(3, 4)), compute_dtype)
-    multiply = tf.function(lambda x, y: tf.reduce_sum(tf.cast(tf.matmul(x, y)[0, :1], "float32")))
-    multiply(a, b)  # trace
-    best, deadline = float("inf"), time.perf_counter() + seconds
-    while time.perf_counter() < deadline or best == float("inf"):
-        start = time.perf_counter()
-        multiply(a, b).numpy()
-        best = min(best, time.perf_counter() - start)
-    return 2 * 1024 * 256 * 4096 / best
+    `compute_dtype`, the best of the calls made in about `seconds`."""
+    return _matmul_flops((compute_dtype,), seconds)[compute_dtype]
 
 
 def measure_cpu_matmuls(flags):
     """`{dtype: FLOP/s}` of this CPU's matrix multiplies (`matmul_flops_per_second`):
-    float32's, and bfloat16's where the CPU has bfloat16 instructions (`flags`)."""
+    float32's, and bfloat16's where the CPU has bfloat16 instructions (`flags`),
+    their calls taken in turn."""
     dtypes = ("float32", "bfloat16") if has_bfloat16_instructions(flags) else ("float32",)
-    return {dtype: matmul_flops_per_second(dtype) for dtype in dtypes}
+    return _matmul_flops(dtypes, 0.3 * len(dtypes))
+
+
+def _matmul_flops(dtypes, seconds):
+    """`{dtype: FLOP/s}` of the (1024 x 256) by (256 x 4096) product in each of
+    `dtypes`, the best of each one's calls, made in turn until `seconds` pass. In
+    turn, not one dtype after the other: another process's load that comes and
+    goes then slows both alike. Timed one after the other, a Zen 4 whose bfloat16
+    product is twice as fast chose float32 beside a busy test worker, likely so
+    (2026-12-07).
+    The matrices come from stateless random ops: the run's seed is not set yet,
+    and with op determinism on (TF_DETERMINISTIC_OPS) a seedless random op raises."""
+    import tensorflow as tf
+
+    products = {}
+    for dtype in dtypes:
+        a = tf.cast(tf.random.stateless_normal((1024, 256), seed=(1, 2)), dtype)
+        b = tf.cast(tf.random.stateless_normal((256, 4096), seed=(3, 4)), dtype)
+        multiply = tf.function(
+            lambda x, y: tf.reduce_sum(tf.cast(tf.matmul(x, y)[0, :1], "float32")),
+            autograph=False)
+        multiply(a, b)  # trace
+        products[dtype] = (multiply, a, b)
+    best = dict.fromkeys(dtypes, float("inf"))
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or float("inf") in best.values():
+        for dtype, (multiply, a, b) in products.items():
+            start = time.perf_counter()
+            multiply(a, b).numpy()
+            best[dtype] = min(best[dtype], time.perf_counter() - start)
+    return {dtype: 2 * 1024 * 256 * 4096 / fastest for dtype, fastest in best.items()}
 
 
 def uses_measured_matmuls(config):

@@ -126,6 +126,23 @@ def test_the_probe_counts_its_products_flops(monkeypatch):
     assert hardware.matmul_flops_per_second("float32", seconds=1.5) == 2 * 1024 * 256 * 4096 / 0.25
 
 
+def test_the_probe_times_float32_and_bfloat16_in_turn(monkeypatch):
+    """`measure_cpu_matmuls` calls the two products in turn: a load that slows the
+    first round (0.2 and 0.1 s) and is gone by the second (0.1 and 0.05 s) leaves
+    each its unloaded time, and bfloat16 twice float32's speed. Timed one dtype
+    after the other, the load would have fallen on float32's calls alone."""
+    import types
+
+    # The deadline, a check; float32's and bfloat16's calls (start, end), loaded; a
+    # check; both again, unloaded; past the deadline.
+    ticks = iter([0.0, 0.0, 0.0, 0.2, 0.2, 0.3, 0.3, 0.3, 0.4, 0.4, 0.45, 0.7])
+    monkeypatch.setattr(hardware, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    flops = hardware.measure_cpu_matmuls({"avx2": True, "avx512f": True, "avx512_bf16": True})
+    product = 2 * 1024 * 256 * 4096
+    assert flops == {"float32": pytest.approx(product / 0.1),
+                     "bfloat16": pytest.approx(product / 0.05)}
+
+
 def test_jit_compile_flag_and_older_runs():
     import argparse
 
