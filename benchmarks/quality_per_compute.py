@@ -234,7 +234,6 @@ def run_ours(args, directory):
     """Runs train.py for the budget in a child process, then scores each kept
     checkpoint and the averaged weights."""
     from keras_transformer import evaluation
-    from keras_transformer import run_files
     from keras_transformer import runs
     from keras_transformer import serving
     from keras_transformer import training
@@ -254,7 +253,7 @@ def run_ours(args, directory):
         raise RuntimeError(f"train.py failed (exit {result.returncode}); the end of "
                            f"{train_log}:\n{tail}")
     run = runs.Run(run_dir)
-    cpu_by_step = read_log(os.path.join(run_dir, run_files.CSV_LOG))
+    cpu_by_step = read_log(run.csv_log)
     checkpoints = run.checkpoints.list()
     missing = [step for step, _ in checkpoints if step not in cpu_by_step]
     if missing:

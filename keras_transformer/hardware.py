@@ -176,7 +176,11 @@ def bfloat16_reason(flags, matmul_flops):
     return f"{rates}: bfloat16 does not pay on this CPU"
 
 
-def matmul_flops_per_second(compute_dtype="float32", seconds=0.3):
+# How long `--precision auto`'s probe multiplies in each compute dtype.
+PROBE_SECONDS = 0.3
+
+
+def matmul_flops_per_second(compute_dtype="float32", seconds=PROBE_SECONDS):
     """FLOP/s of TensorFlow multiplying (1024 x 256) by (256 x 4096) matrices in
     `compute_dtype`, the best of the calls made in about `seconds`."""
     return _matmul_flops((compute_dtype,), seconds)[compute_dtype]
@@ -187,16 +191,16 @@ def measure_cpu_matmuls(flags):
     float32's, and bfloat16's where the CPU has bfloat16 instructions (`flags`),
     their calls taken in turn."""
     dtypes = ("float32", "bfloat16") if has_bfloat16_instructions(flags) else ("float32",)
-    return _matmul_flops(dtypes, 0.3 * len(dtypes))
+    return _matmul_flops(dtypes, PROBE_SECONDS * len(dtypes))
 
 
 def _matmul_flops(dtypes, seconds):
     """`{dtype: FLOP/s}` of the (1024 x 256) by (256 x 4096) product in each of
     `dtypes`, the best of each one's calls, made in turn until `seconds` pass. In
     turn, not one dtype after the other: another process's load that comes and
-    goes then slows both alike. Timed one after the other, a Zen 4 whose bfloat16
-    product is twice as fast chose float32 beside a busy test worker, likely so
-    (2026-12-07).
+    goes then slows both alike. (Beside a busy test worker, a Zen 4 whose bfloat16
+    product is twice as fast chose float32, likely from one after the other;
+    2026-12-07.)
     The matrices come from stateless random ops: the run's seed is not set yet,
     and with op determinism on (TF_DETERMINISTIC_OPS) a seedless random op raises."""
     import tensorflow as tf
