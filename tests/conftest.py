@@ -11,6 +11,8 @@ import contextlib  # noqa: E402
 
 import pytest  # noqa: E402
 
+from tests.seeding import reseed  # noqa: E402
+
 
 @contextlib.contextmanager
 def _no_library_start_up_lines():
@@ -44,6 +46,7 @@ with _no_library_start_up_lines():
         tf.config.threading.set_inter_op_parallelism_threads(_share)
 
     tf.constant(0)  # the first op: CUDA's start-up lines, on a machine without a GPU
+    tf.random.set_seed(1234)  # once: it clears TensorFlow's kernel cache (`seeding.reseed`)
 
 # The numeric tests compare float32 results to 1e-5 and tighter; on GPUs from
 # NVIDIA's Ampere on, TensorFlow multiplies float32 matrices in TF32 (10-bit
@@ -84,13 +87,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _float32_policy_and_seed(request):
-    """Each test starts under float32 with fixed seeds, whatever the last one set.
-
-    Modules marked `keeps_graphs` are not reseeded: `keras.utils.set_random_seed`
-    clears TensorFlow's kernel cache, after which every test would trace their
-    module-scoped translators' graphs again (seconds each). They draw no random
-    numbers after their module fixtures.
+def _float32_policy_and_seed():
+    """Each test starts under float32 with fixed seeds, whatever the last one set
+    (`seeding.reseed`: the functions earlier tests traced stay optimized).
 
     The environment is put back after each test too: a command run in-process
     (`cli.main`) sets variables for TensorFlow (`cli.common.start_decoding`'s
@@ -103,8 +102,7 @@ def _float32_policy_and_seed(request):
     """
     environment = dict(os.environ)
     keras.config.set_dtype_policy("float32")
-    if request.node.get_closest_marker("keeps_graphs") is None:
-        keras.utils.set_random_seed(1234)
+    reseed(1234)
     yield
     keras.config.set_dtype_policy("float32")
     if os.environ != environment:

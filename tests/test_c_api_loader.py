@@ -28,8 +28,6 @@ from keras_transformer import saved_model
 from tests.translation_fixtures import BAD_UTF8
 from tests.translation_fixtures import SENTENCES
 
-pytestmark = pytest.mark.keeps_graphs
-
 CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "c_api_client.py")
 FLOAT_TOLERANCE = 1e-5
 

@@ -17,8 +17,6 @@ from tests.translation_fixtures import SENTENCES
 from tests.translation_fixtures import make_model
 from tests.translation_fixtures import make_run_dir
 
-pytestmark = pytest.mark.keeps_graphs
-
 
 @pytest.fixture(scope="module")
 def translator(tokenizer):

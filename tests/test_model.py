@@ -5,6 +5,7 @@ import pytest
 from keras_transformer import Transformer
 from keras_transformer import TransformerConfig
 from keras_transformer import build_transformer
+from tests.seeding import reseed
 from tests.test_config import analytic_parameter_count
 
 VOCAB = 40
@@ -27,7 +28,7 @@ def _logits(model, source, target):
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def model(request):
-    keras.utils.set_random_seed(0)
+    reseed(0)
     return build_transformer(VARIANTS[request.param])
 
 

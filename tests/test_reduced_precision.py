@@ -15,7 +15,6 @@ from keras_transformer import serving
 from tests.test_cli import run
 from tests.translation_fixtures import SENTENCES
 
-pytestmark = pytest.mark.keeps_graphs
 REFERENCES = ["Y dijo Dios: Sea la luz.", "En el principio creó Dios los cielos y la tierra.",
               "Y vió Dios que la luz era buena.", "Jesús lloró."]
 # Forced-decoding log-probabilities against float32's. A product's relative

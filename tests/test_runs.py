@@ -12,8 +12,6 @@ from keras_transformer import runs
 from keras_transformer.model import build_transformer
 from tests.translation_fixtures import make_run_dir
 
-pytestmark = pytest.mark.keeps_graphs
-
 
 def test_load_run_reports_missing_pieces(tmp_path, model, tokenizer):
     with pytest.raises(FileNotFoundError, match="does not exist"):

@@ -19,8 +19,6 @@ from tests.translation_fixtures import EXTRA_LENGTH
 from tests.translation_fixtures import SENTENCES
 from tests.translation_fixtures import strings as _strings
 
-pytestmark = pytest.mark.keeps_graphs
-
 
 def batching_parameters(path):
     """A `--batching_parameters_file` parsed as TF Serving parses it: text format

@@ -23,8 +23,6 @@ from tests.translation_fixtures import EXTRA_LENGTH
 from tests.translation_fixtures import MAX_INPUT_LENGTH
 from tests.translation_fixtures import strings as _strings
 
-pytestmark = pytest.mark.keeps_graphs
-
 
 def full_model_step_fn(model):
     """A step function without a key/value cache: the slow, obvious twin.

@@ -8,7 +8,6 @@ ids) holds for any weights.
 
 import os
 
-import keras
 import numpy as np
 
 from keras_transformer import TrainingConfig
@@ -18,6 +17,7 @@ from keras_transformer import build_transformer
 from keras_transformer import data
 from keras_transformer import runs
 from keras_transformer import serving
+from tests.seeding import reseed
 
 SENTENCES = [
     "In the beginning, God created the heavens and the earth.",
@@ -38,7 +38,7 @@ def make_tokenizer():
 
 def make_model(vocab_size, seed=0, **overrides):
     """A tiny Transformer with random weights (d_model 32, 2 layers)."""
-    keras.utils.set_random_seed(seed)
+    reseed(seed)
     config = TransformerConfig.tiny(
         vocab_size, **dict(dict(d_model=32, d_ff=64, max_positions=64), **overrides)
     )
