@@ -102,7 +102,7 @@ def test_translate_sentences_keeps_within_the_request_limits(translator, tokeniz
     """Batches of at most max_batch_size, whatever batch_size says; a sentence over
     max_input_chars refused by name before any is translated."""
     limited = serving.Translator(translator.model, tokenizer, extra_length=6,
-                                 max_input_length=16, beam_sizes=(1, 4), max_batch_size=2,
+                                 max_input_length=16, beam_sizes=(4,), max_batch_size=2,
                                  max_input_chars=60)
     expected = evaluation.translate_sentences(translator, SENTENCES)
     assert evaluation.translate_sentences(limited, SENTENCES, batch_size=32) == expected
