@@ -205,19 +205,18 @@ def _matmul_flops(dtypes, seconds):
     and with op determinism on (TF_DETERMINISTIC_OPS) a seedless random op raises."""
     import tensorflow as tf
 
-    products = {}
+    multiply = tf.function(
+        lambda x, y: tf.reduce_sum(tf.cast(tf.matmul(x, y)[0, :1], "float32")), autograph=False)
+    operands = {}
     for dtype in dtypes:
         a = tf.cast(tf.random.stateless_normal((1024, 256), seed=(1, 2)), dtype)
         b = tf.cast(tf.random.stateless_normal((256, 4096), seed=(3, 4)), dtype)
-        multiply = tf.function(
-            lambda x, y: tf.reduce_sum(tf.cast(tf.matmul(x, y)[0, :1], "float32")),
-            autograph=False)
-        multiply(a, b)  # trace
-        products[dtype] = (multiply, a, b)
+        multiply(a, b)  # trace, once per dtype
+        operands[dtype] = a, b
     best = dict.fromkeys(dtypes, float("inf"))
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline or float("inf") in best.values():
-        for dtype, (multiply, a, b) in products.items():
+        for dtype, (a, b) in operands.items():
             start = time.perf_counter()
             multiply(a, b).numpy()
             best[dtype] = min(best[dtype], time.perf_counter() - start)

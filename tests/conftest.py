@@ -13,6 +13,9 @@ import pytest  # noqa: E402
 
 from tests.seeding import reseed  # noqa: E402
 
+# Every test's seed (`_float32_policy_and_seed`), and TensorFlow's for the process.
+SEED = 1234
+
 
 @contextlib.contextmanager
 def _no_library_start_up_lines():
@@ -46,7 +49,7 @@ with _no_library_start_up_lines():
         tf.config.threading.set_inter_op_parallelism_threads(_share)
 
     tf.constant(0)  # the first op: CUDA's start-up lines, on a machine without a GPU
-    tf.random.set_seed(1234)  # once: it clears TensorFlow's kernel cache (`seeding.reseed`)
+    tf.random.set_seed(SEED)  # once: it clears TensorFlow's kernel cache (`seeding.reseed`)
 
 # The numeric tests compare float32 results to 1e-5 and tighter; on GPUs from
 # NVIDIA's Ampere on, TensorFlow multiplies float32 matrices in TF32 (10-bit
@@ -102,7 +105,7 @@ def _float32_policy_and_seed():
     """
     environment = dict(os.environ)
     keras.config.set_dtype_policy("float32")
-    reseed(1234)
+    reseed(SEED)
     yield
     keras.config.set_dtype_policy("float32")
     if os.environ != environment:

@@ -24,6 +24,7 @@ def test_reseed_draws_what_set_random_seed_draws():
 
     import keras
     import numpy as np
+    from keras.src.utils import rng_utils
 
     from tests.seeding import reseed
 
@@ -37,7 +38,9 @@ def test_reseed_draws_what_set_random_seed_draws():
     for seed in (7, 8):
         keras.utils.set_random_seed(seed)
         expected = draws()
+        keras.utils.set_random_seed(seed + 100)  # what reseed must replace
         reseed(seed)
+        assert rng_utils.get_random_seed() == seed  # Keras's get_random_seed is private
         got = draws()
         for want, have in zip(expected, got):
             np.testing.assert_array_equal(have, want)
