@@ -17,6 +17,7 @@ import sys
 
 _NAMES = {
     "DecodingConfig": "keras_transformer.decoding_config",
+    "TruncatedInputWarning": "keras_transformer.decoding_config",
     "TrainingConfig": "keras_transformer.config",
     "TransformerConfig": "keras_transformer.config",
     "LabelSmoothedCrossEntropy": "keras_transformer.losses",

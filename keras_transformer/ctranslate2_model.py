@@ -28,6 +28,7 @@ thing), and it has no blocking of words repeated back to back
 (`block_adjacent_repeats`; repeated n-grams it blocks).
 """
 
+import dataclasses
 import json
 import os
 
@@ -246,7 +247,9 @@ class CTranslate2Translator:
             with open(os.path.join(model_dir, SENTENCEPIECE_FILENAME), "rb") as f:
                 tokenizer = SubwordTokenizer(f.read())
             settings.setdefault("recase_capitals", False)
-        self.config = DecodingConfig.from_dict({**self.recorded_settings, **settings})
+        config = DecodingConfig.from_dict({**self.recorded_settings, **settings})
+        # Longer sources are truncated to the positions the export's table holds.
+        self.config = dataclasses.replace(config, max_input_length=POSITIONS)
         self.text = RequestText(tokenizer, self.config.max_batch_size,
                                 self.config.max_input_chars, self.config.recase_capitals)
         self.pieces = vocabulary(tokenizer)
@@ -263,8 +266,10 @@ class CTranslate2Translator:
     def translate(self, text, beam_size=None, alpha=None, extra_length=None,
                   no_repeat_ngram_size=None):
         """Best translations of `text` (tf.string `(B,)`):
-        `{"translation": (B,), "score": (B,)}`, the score CTranslate2's (its
-        log-probability over length^alpha); the settings (Python or tensor
+        `{"translation": (B,), "score": (B,), "truncated": (B,)}`, the score
+        CTranslate2's (its log-probability over length^alpha), truncated
+        whether the source had more than `POSITIONS` pieces, of which the
+        first were translated; the settings (Python or tensor
         scalars) are the translator's where None. Raises
         `tf.errors.InvalidArgumentError` for a request over the limits, as an
         export does."""
@@ -280,6 +285,9 @@ class CTranslate2Translator:
         extra = int(config.extra_length if extra_length is None else extra_length)
         text = tf.convert_to_tensor(text, tf.string)
         sources = self._tokens(text).to_list()  # the limits, the text, recased
+        limit = config.max_input_length
+        truncated = [len(source) > limit for source in sources]
+        sources = [source[:limit] for source in sources]
         outputs, scores = [[] for _ in sources], [0.0] * len(sources)
         asked = [index for index, source in enumerate(sources) if source]  # "" for ""
         if asked:
@@ -289,7 +297,7 @@ class CTranslate2Translator:
             results = self.engine.translate_batch(
                 [[self.pieces[i] for i in sources[index]] for index in asked],
                 max_decoding_length=max(len(sources[index]) for index in asked) + extra,
-                return_scores=True, **search)
+                max_input_length=limit, return_scores=True, **search)
             for index, result in zip(asked, results):
                 outputs[index] = [self.ids[piece] for piece in
                                   result.hypotheses[0][:len(sources[index]) + extra]]
@@ -299,7 +307,8 @@ class CTranslate2Translator:
             tf.constant([len(output) for output in outputs], tf.int64))
         # An empty output detokenizes to "", and stays so recased.
         return {"translation": self._translations(text, ids),
-                "score": tf.constant(scores, tf.float32)}
+                "score": tf.constant(scores, tf.float32),
+                "truncated": tf.constant(truncated, tf.bool, shape=[len(sources)])}
 
 
 def translate_ctranslate2(model_dir, texts, **settings):

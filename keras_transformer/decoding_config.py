@@ -58,6 +58,15 @@ PROGRESS_MIN_SENTENCES = 200
 _DERIVED = ("padded_batch_sizes", "padded_source_lengths", "ids_only")
 
 
+class TruncatedInputWarning(UserWarning):
+    """Sentences longer than a translator's `max_input_length` subword pieces
+    were translated from their first `max_input_length` pieces only (the text
+    signatures' and `translate_ids`'s `truncated` output says which): a line
+    that holds a paragraph, say, whose end is missing from its translation.
+    `keras_transformer.translate_sentences` warns with it; the commands say it
+    as a line of their own."""
+
+
 def positive_int(name, value, owner=None):
     """`value` as a Python int >= 1 (not a bool), or a ValueError naming `name`
     (and `owner`, the function or class that takes it)."""
@@ -111,8 +120,9 @@ class DecodingConfig:
             that does. Text signatures only (an ids-only translator has no
             text: False there).
         beam_sizes: beam sizes callers may ask for (one program each).
-        max_input_length: longer inputs are truncated (default: the model's
-            max_positions).
+        max_input_length: longer inputs are truncated to their first
+            max_input_length pieces, and the signatures' `truncated` output is
+            true for them (default: the model's max_positions).
         max_output_length: the most tokens generated for any input (default:
             the model's max_positions with learned positions, else
             max_input_length + extra_length).

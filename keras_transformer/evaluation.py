@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import time
+import warnings
 
 import sacrebleu
 import tensorflow as tf
@@ -28,6 +29,7 @@ from keras_transformer.decoding_config import DEFAULT_BATCH_SIZE
 from keras_transformer.decoding_config import PAPER_ALPHA
 from keras_transformer.decoding_config import PROGRESS_MIN_SENTENCES
 from keras_transformer.decoding_config import REQUEST_SETTING_DTYPES
+from keras_transformer.decoding_config import TruncatedInputWarning
 
 
 def translate_sentences(
@@ -67,6 +69,11 @@ def translate_sentences(
         ValueError: a sentence is longer than the translator's
             `max_input_chars` (checked before any is translated), or the
             translator refused a request.
+
+    Warns:
+        TruncatedInputWarning: sentences had more subword pieces than the
+            translator's `max_input_length`, and only their first ones were
+            translated (one warning for the call, naming the first).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1. Received: batch_size={batch_size}")
@@ -82,6 +89,7 @@ def translate_sentences(
     _check_lengths(sentences, limits.get("max_input_chars"), first_number)
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]), reverse=True)
     translations = [None] * len(sentences)
+    truncated = []  # the indices of sentences translated from their first pieces only
     if progress == "auto":
         progress = len(sentences) >= PROGRESS_MIN_SENTENCES and sys.stderr.isatty()
     bar = tqdm.tqdm(
@@ -95,14 +103,19 @@ def translate_sentences(
             try:
                 # Through the module: a loaded export's functions keep no
                 # reference to it, and its variables go with it.
-                outputs = translator_or_export.translate(batch, **knobs)["translation"].numpy()
+                outputs = translator_or_export.translate(batch, **knobs)
             except tf.errors.InvalidArgumentError as error:
                 raise ValueError(
                     f"the translator rejected the request: {_assertion_message(error)}"
                 ) from error
-            for i, text in zip(indices, outputs):
+            for i, text in zip(indices, outputs["translation"].numpy()):
                 translations[i] = text.decode("utf-8")
+            if "truncated" in outputs:  # not in exports from before 2026-12-07
+                truncated += [i for i, cut in zip(indices, outputs["truncated"].numpy()) if cut]
             bar.update(len(indices))
+    if truncated:
+        warnings.warn(TruncatedInputWarning(_truncation_message(
+            sorted(truncated), limits.get("max_input_length"), first_number)), stacklevel=2)
     return translations
 
 
@@ -267,14 +280,24 @@ def _translator(translator_or_export):
 
 def _request_limits(translator):
     """A translator's request limits, `{"max_batch_size": n, "max_input_chars":
-    n}`: a `Translator`'s config, or the settings an export recorded
-    (`loading.load_export`); {} where unknown."""
+    n, "max_input_length": n}`: a `Translator`'s config, or the settings an
+    export recorded (`loading.load_export`); {} where unknown."""
     config = getattr(translator, "config", None)
-    names = ("max_batch_size", "max_input_chars")
+    names = ("max_batch_size", "max_input_chars", "max_input_length")
     if hasattr(config, "max_batch_size"):
         return {name: getattr(config, name) for name in names}
     settings = getattr(translator, "recorded_settings", {})
     return {name: settings[name] for name in names if name in settings}
+
+
+def _truncation_message(truncated, max_input_length, first_number):
+    """What `TruncatedInputWarning` says of the sentences of indices
+    `truncated` (sorted), numbered from `first_number`."""
+    others = f" (and {len(truncated) - 1} more)" if len(truncated) > 1 else ""
+    return (f"sentence {truncated[0] + first_number}{others} has more subword pieces than "
+            f"the translator's max_input_length={max_input_length}: only its first "
+            f"{max_input_length} were translated, and its translation misses the rest; "
+            "split long lines into sentences")
 
 
 def _check_lengths(sentences, max_input_chars, first_number):

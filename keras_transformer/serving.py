@@ -55,7 +55,9 @@ Bad input is answered, not crashed on: runs of whitespace (tabs, newlines,
 Unicode spaces) become one space, ends stripped, as in the training text; an
 empty or whitespace-only string translates to "" with score 0.0; invalid UTF-8
 bytes become U+FFFD; a source longer than `max_input_length` tokens (default: the
-model's `max_positions`) is truncated to them; an empty batch gives empty
+model's `max_positions`) is truncated to them, and the `truncated` output of
+`translate`, `translate_nbest`, `translate_aligned` and `translate_ids` says
+so, true for that sentence; an empty batch gives empty
 outputs; a `beam_size` outside the traced set, a negative `extra_length` or
 `no_repeat_ngram_size`, a non-finite `alpha` or ids outside the vocabulary give
 an `InvalidArgument` error
@@ -231,18 +233,24 @@ class Translator(tf.Module):
         return tf.function(function, input_signature=[input_spec, *KNOB_SPECS], autograph=False)
 
     def _translate(self, text, *settings):
-        """Best translation and its score: `{"translation": (B,), "score": (B,)}`."""
-        ids, scores, lengths = self.search(self.text.tokens(text), *settings)
+        """Best translation and its score: `{"translation": (B,), "score": (B,),
+        "truncated": (B,)}`, the last whether the source was longer than
+        `max_input_length` pieces (only its first ones were translated)."""
+        tokens = self.text.tokens(text)
+        ids, scores, lengths = self.search(tokens, *settings)
         empty = tf.equal(lengths, 0)  # (B,)
         return {
             "translation": tf.where(empty, "", self.text.in_source_case(
                 text, self.text.detokenize(ids[:, 0]))),
             "score": tf.where(empty, 0.0, scores[:, 0]),
+            "truncated": self._truncated(tokens),
         }
 
     def _translate_nbest(self, text, *settings):
-        """The K best: `{"translations": (B, K), "scores": (B, K)}`, best first."""
-        ids, scores, lengths = self.search(self.text.tokens(text), *settings)
+        """The K best: `{"translations": (B, K), "scores": (B, K)}`, best first,
+        and `"truncated"` as `translate`'s."""
+        tokens = self.text.tokens(text)
+        ids, scores, lengths = self.search(tokens, *settings)
         shape = tf.shape(ids)  # (B, K, T)
         texts = self.text.detokenize(tf.reshape(ids, [-1, shape[2]]))
         texts = self.text.in_source_case(text, tf.reshape(texts, shape[:2]))  # (B, K)
@@ -252,10 +260,12 @@ class Translator(tf.Module):
         return {
             "translations": tf.where(empty | (scores == float("-inf")), "", texts),
             "scores": tf.where(empty, tf.where(first, 0.0, float("-inf")), scores),
+            "truncated": self._truncated(tokens),
         }
 
     def _translate_aligned(self, text, *settings):
-        """The best translation, its score, and each of its pieces' source piece."""
+        """The best translation, its score, `truncated` (as `translate`'s), and
+        each of its pieces' source piece."""
         tokens = self.text.tokens(text)
         ids, scores, lengths = self.search(tokens, *settings)
         best = ids[:, 0]  # (B, T): the pieces, EOS, padding
@@ -265,6 +275,7 @@ class Translator(tf.Module):
             "translation": tf.where(empty, "", self.text.in_source_case(
                 text, self.text.detokenize(best))),
             "score": tf.where(empty, 0.0, scores[:, 0]),
+            "truncated": self._truncated(tokens),
             "target_tokens": outputs["target_tokens"],
             "alignment": outputs["alignment"],
             "source_tokens": outputs["source_tokens"],
@@ -311,7 +322,8 @@ class Translator(tf.Module):
         }
 
     def _translate_ids(self, ids, *settings):
-        """Ids in, ids out: `{"ids": (B, T), "score": (B,)}`, without BOS/EOS."""
+        """Ids in, ids out: `{"ids": (B, T), "score": (B,)}`, without BOS/EOS,
+        and `"truncated"` as `translate`'s."""
         vocab_size = self.model.config.vocab_size
         ids = self.text.within_batch_limit(ids)
         tf.debugging.assert_greater_equal(
@@ -331,7 +343,13 @@ class Translator(tf.Module):
         return {
             "ids": best[:, :width],
             "score": tf.where(empty[:, 0], 0.0, scores[:, 0]),
+            "truncated": self._truncated(tokens),
         }
+
+    def _truncated(self, tokens):
+        """bool `(B,)`: which rows of ragged `tokens` are longer than
+        `max_input_length`, of which the search reads the first ones."""
+        return tokens.row_lengths() > self.config.max_input_length
 
 
 def _decoding_config(config, settings):

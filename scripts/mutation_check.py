@@ -545,6 +545,15 @@ MUTANTS = [
            'weights = ops.cast(ops.not_equal(y_true, self.padding_id), "float32")',
            'weights = ops.ones_like(y_true, "float32")',
            ["tests/test_losses.py::test_metrics_on_non_padding_tokens"]),
+    mutant("long-sources-cut-without-a-word", "keras_transformer/serving.py",
+           "return tokens.row_lengths() > self.config.max_input_length",
+           "return tokens.row_lengths() > 2 * self.config.max_input_length",
+           ["tests/test_serving.py::test_a_source_longer_than_max_input_length_is_translated_"
+            "from_its_first_pieces"]),
+    mutant("truncation-said-as-a-python-warning", "keras_transformer/cli/translate.py",
+           "@says_warnings", "",
+           ["tests/test_cli.py::test_a_line_translated_from_its_first_pieces_only_is_named_"
+            "in_a_line"]),
     mutant("translations-out-of-order", "keras_transformer/evaluation.py",
            'translations[i] = text.decode("utf-8")',
            'translations[indices.index(i)] = text.decode("utf-8")',

@@ -1108,6 +1108,35 @@ def test_a_file_not_in_utf8_is_translated_with_a_line_that_says_so(
                      "WINDOWS-1252 -t UTF-8"], err
 
 
+def test_a_line_translated_from_its_first_pieces_only_is_named_in_a_line(
+        run_dir, run_translators, tmp_path, monkeypatch, capsys):
+    """A paragraph on one line, of more pieces than the model's positions, was
+    translated from its beginning alone without a word. Its line is still
+    translated (the output keeps the input's lines), and stderr says which was
+    cut, as the command's line, not as Python's warning with our code's file."""
+    from keras_transformer.cli import translate
+
+    translator = run_translators["averaged"]
+    limit = translator.config.max_input_length
+    paragraph = " ".join(SENTENCES * 4)
+    assert translator.tokenizer.tokenize(paragraph).shape[0] > limit
+    source = tmp_path / "paragraph.txt"
+    source.write_text(f"Jesus wept.\n{paragraph}\nAnd God saw.\n")
+    _load_runs_as(monkeypatch, lambda *args, **options: translator)
+    for name in ("TF_ENABLE_ONEDNN_OPTS", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"):
+        monkeypatch.setenv(name, os.environ.get(name, "1"))
+    capsys.readouterr()
+    assert translate.main([str(source), "--run", str(run_dir), "--no-progress",
+                           "--verbose"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == _translations(translator, ["Jesus wept.", paragraph,
+                                                          "And God saw."])
+    assert err.splitlines() == [
+        "keras-transformer translate: sentence 2 has more subword pieces than the "
+        f"translator's max_input_length={limit}: only its first {limit} were translated, and "
+        "its translation misses the rest; split long lines into sentences"], err
+
+
 def test_the_command_lines_keep_urllib3s_retries_off_stderr():
     """TFDS downloads a corpus on its first use; offline, urllib3 logged a line
     for each of its retries ("Retrying (Retry(total=9, ...)) after connection

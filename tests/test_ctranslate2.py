@@ -1,6 +1,7 @@
 """The CTranslate2 export: the same model in another engine, an independent check
 of our weights' layout and of our beam search."""
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -199,20 +200,34 @@ def test_translator_hands_ctranslate2_our_pieces_and_settings(model, tokenizer, 
     assert sources == [[translator.pieces[i] for i in ids] for ids in expected]
     assert options == {"beam_size": 4, "length_penalty": 1.2, "no_repeat_ngram_size": 3,
                        "max_decoding_length": max(map(len, expected)) + 2,
-                       "return_scores": True}
+                       "max_input_length": ctranslate2_model.POSITIONS, "return_scores": True}
     # Each answer: the source and two of the five pieces more, detokenized.
     answers = [tokenizer.detokenize(tf.constant(ids + [the] * 2)).numpy().decode()
                for ids in expected]
     answers[3] = answers[3].upper()  # the request in capitals only
     assert [t.decode() for t in outputs["translation"].numpy()] == answers + ["", ""]
     np.testing.assert_array_equal(outputs["score"].numpy(), [-1.5] * 4 + [0.0, 0.0])
+    np.testing.assert_array_equal(outputs["truncated"], [False] * 6)
     translator.translate(tf.constant(SENTENCES[:1]), beam_size=tf.constant(2),
                          alpha=tf.constant(0.5), extra_length=tf.constant(1),
                          no_repeat_ngram_size=tf.constant(0))
     assert engine.calls[-1][1] == {"beam_size": 2, "length_penalty": 0.5,
                                    "no_repeat_ngram_size": 0,
                                    "max_decoding_length": len(expected[0]) + 1,
+                                   "max_input_length": ctranslate2_model.POSITIONS,
                                    "return_scores": True}
+    # A source of more pieces than the position table's rows: its first ones,
+    # its output limited by them, and said so, as our export's truncation.
+    limit = min(map(len, expected))  # the shortest fits, the longest does not
+    translator.config = dataclasses.replace(translator.config, max_input_length=limit)
+    outputs = translator.translate(tf.constant(REQUESTS))
+    sources, options = engine.calls[-1]
+    assert sources == [[translator.pieces[i] for i in ids[:limit]] for ids in expected]
+    assert options["max_input_length"] == limit
+    assert options["max_decoding_length"] == limit + 2
+    np.testing.assert_array_equal(outputs["truncated"],
+                                  [len(ids) > limit for ids in expected] + [False, False])
+    assert max(map(len, expected)) > limit
 
 
 def test_the_export_records_its_decoding_and_run_and_loads_as_an_export(model, tokenizer,

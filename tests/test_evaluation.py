@@ -2,6 +2,7 @@
 
 import os
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -13,9 +14,11 @@ from keras_transformer import loading
 from keras_transformer import runs
 from keras_transformer import serving
 from keras_transformer.decoding_config import DecodingConfig
+from keras_transformer.decoding_config import TruncatedInputWarning
 from tests.translation_fixtures import SENTENCES
 from tests.translation_fixtures import make_model
 from tests.translation_fixtures import make_run_dir
+from tests.translation_fixtures import strings as _strings
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +119,31 @@ def test_translate_sentences_keeps_within_the_request_limits(translator, tokeniz
     assert not calls
 
 
+def test_translate_sentences_warns_of_sentences_translated_from_their_first_pieces(
+        translator, tokenizer):
+    """One `TruncatedInputWarning` a call, naming the first sentence of more
+    pieces than max_input_length (numbered from first_number, however the
+    batches sorted them) and how many more; none where every sentence fits."""
+    short = ["Hi.", "And God saw."]
+    long = " ".join(SENTENCES)
+    assert max(tokenizer.tokenize(tf.constant(short)).row_lengths()) <= 16
+    assert tokenizer.tokenize(SENTENCES[1]).shape[0] > 16
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        evaluation.translate_sentences(translator, short)
+    sentences = [short[0], SENTENCES[1], short[1], long, long]
+    for batch_size, first_number in ((1, 1), (32, 10)):
+        with pytest.warns(TruncatedInputWarning) as caught:
+            translations = evaluation.translate_sentences(
+                translator, sentences, batch_size, first_number=first_number)
+        assert [str(warning.message) for warning in caught] == [
+            f"sentence {first_number + 1} (and 2 more) has more subword pieces than the "
+            "translator's max_input_length=16: only its first 16 were translated, and its "
+            "translation misses the rest; split long lines into sentences"]
+        assert translations == _strings(translator.translate(tf.constant(sentences))[
+            "translation"])
+
+
 @pytest.mark.slow
 def test_translate_sentences_from_an_export_path(translator, tmp_path):
     """The path alone: the export it loads lives as long as the translation."""
@@ -124,7 +152,10 @@ def test_translate_sentences_from_an_export_path(translator, tmp_path):
     path = saved_model.export_translator(translator, str(tmp_path), warmup_texts=(),
                                          check=False)
     expected = evaluation.translate_sentences(translator, SENTENCES)
-    assert evaluation.translate_sentences(path, SENTENCES, batch_size=2) == expected
+    # Its recorded max_input_length names the limit of its sentences truncated.
+    with pytest.warns(TruncatedInputWarning, match=r"^sentence 1 \(and 3 more\) .* "
+                                                   r"max_input_length=16: only its first 16"):
+        assert evaluation.translate_sentences(path, SENTENCES, batch_size=2) == expected
     assert evaluation.evaluate(str(tmp_path), list(zip(SENTENCES, SENTENCES)))[
         "hypotheses"] == expected
 

@@ -170,7 +170,7 @@ def test_search_counts():
 
 def test_translate_outputs(translator):
     outputs = translator.translate(tf.constant(SENTENCES))
-    assert set(outputs) == {"translation", "score"}
+    assert set(outputs) == {"translation", "score", "truncated"}
     assert outputs["translation"].dtype == tf.string and outputs["translation"].shape == (4,)
     assert outputs["score"].dtype == tf.float32 and outputs["score"].shape == (4,)
     assert all(_strings(outputs["translation"]))
@@ -518,15 +518,32 @@ def test_invisible_characters_are_dropped_and_whitespace_is_one_space():
     assert not dropped & spelling and {"\u0600", "\U000e0067"}.isdisjoint(dropped)
 
 
-def test_long_input_is_truncated(translator, tokenizer):
-    text = " ".join(SENTENCES * 3)
-    tokens = tokenizer.tokenize(tf.constant([text])).to_tensor()
-    assert tokens.shape[1] > MAX_INPUT_LENGTH
-    by_text = translator.translate(tf.constant([text]))
-    by_prefix = translator.translate_ids(tokens[:, :MAX_INPUT_LENGTH])
-    assert _strings(by_text["translation"]) == _strings(tokenizer.detokenize(by_prefix["ids"]))
-    by_long_ids = translator.translate_ids(tokens)
-    np.testing.assert_array_equal(by_long_ids["ids"], by_prefix["ids"])
+def test_a_source_longer_than_max_input_length_is_translated_from_its_first_pieces(
+        translator, tokenizer):
+    """A source of more than max_input_length pieces is translated as its first
+    max_input_length pieces alone are, and each search signature's `truncated`
+    says which were: a paragraph on one line had lost its end without a word."""
+    texts = SENTENCES + ["Hi.", " ".join(SENTENCES * 3), "And God saw."]
+    tokens = tokenizer.tokenize(tf.constant(texts))
+    lengths = tokens.row_lengths().numpy()
+    assert min(lengths) <= MAX_INPUT_LENGTH < max(lengths)  # both kinds
+    cut = tokens[:, :MAX_INPUT_LENGTH].to_tensor()
+    expected = lengths > MAX_INPUT_LENGTH
+    first_pieces = translator.translate_ids(cut)
+    np.testing.assert_array_equal(first_pieces["truncated"], np.zeros(len(texts), bool))
+    whole = translator.translate_ids(tokens.to_tensor())
+    np.testing.assert_array_equal(whole["ids"], first_pieces["ids"])
+    np.testing.assert_array_equal(whole["score"], first_pieces["score"])
+    np.testing.assert_array_equal(whole["truncated"], expected)
+    by_text = translator.translate(tf.constant(texts))
+    assert _strings(by_text["translation"]) == [
+        capitalized_like(source, text)
+        for source, text in zip(texts, _strings(tokenizer.detokenize(first_pieces["ids"])))]
+    for signature in (translator.translate, translator.translate_nbest,
+                      translator.translate_aligned):
+        truncated = signature(tf.constant(texts))["truncated"]
+        assert truncated.dtype == tf.bool
+        np.testing.assert_array_equal(truncated, expected)
 
 
 def test_empty_batch(translator):
@@ -536,6 +553,7 @@ def test_empty_batch(translator):
     assert nbest["translations"].shape[0] == 0
     ids = translator.translate_ids(tf.zeros([0, 5], tf.int32))
     assert ids["ids"].shape[0] == 0 and ids["score"].shape == (0,)
+    assert outputs["truncated"].shape == (0,) and ids["truncated"].shape == (0,)
 
 
 @pytest.mark.parametrize(

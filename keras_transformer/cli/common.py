@@ -10,11 +10,14 @@ import argparse
 import atexit
 import contextlib
 import dataclasses
+import functools
+import inspect
 import logging
 import os
 import re
 import sys
 import threading
+import warnings
 
 from keras_transformer import export_files
 from keras_transformer import run_files
@@ -23,6 +26,7 @@ from keras_transformer.corpus_names import SPLIT_PLACEHOLDER
 from keras_transformer.corpus_names import TFDS_PREFIX
 from keras_transformer.decoding_config import PAPER_ALPHA
 from keras_transformer.decoding_config import PAPER_DECODING
+from keras_transformer.decoding_config import TruncatedInputWarning
 from keras_transformer.durable import FULL
 from keras_transformer.durable import write_atomically
 
@@ -46,6 +50,31 @@ def use_command_environment(environ=None):
 
 
 use_command_environment()  # every command imports this module before TensorFlow
+
+
+def says_warnings(main):
+    """A command's `main(argv, prog)`, within which the package's warnings to
+    its user (`TruncatedInputWarning`: which input lines were translated from
+    their first pieces only) are said on stderr as the command's own lines,
+    "prog: message", each once, instead of in Python's format (a file and line
+    of our code, then that line); other warnings as Python says them."""
+    default_prog = inspect.signature(main).parameters["prog"].default
+
+    @functools.wraps(main)
+    def command(argv=None, prog=default_prog):
+        with warnings.catch_warnings():  # as they were, after
+            warnings.simplefilter("default", TruncatedInputWarning)
+            show = warnings.showwarning
+
+            def say(message, category, filename, lineno, file=None, line=None):
+                if issubclass(category, TruncatedInputWarning):
+                    print(f"{prog}: {message}", file=sys.stderr, flush=True)
+                else:
+                    show(message, category, filename, lineno, file, line)
+
+            warnings.showwarning = say
+            return main(argv, prog)
+    return command
 
 
 def start_decoding(verbose, parallel_searches=1):

@@ -27,6 +27,7 @@ from keras_transformer.cli.common import is_named_corpus
 from keras_transformer.cli.common import load_command_translator
 from keras_transformer.cli.common import os_error_line
 from keras_transformer.cli.common import parallel_searches
+from keras_transformer.cli.common import says_warnings
 from keras_transformer.cli.common import start_decoding
 from keras_transformer.cli.common import write_lines
 from keras_transformer.corpus_names import BUNDLED
@@ -124,6 +125,7 @@ def trained_corpus(args):
             for name in ("data", "source_language", "target_language", "seed")}
 
 
+@says_warnings
 def main(argv=None, prog=PROG):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     start_decoding(args.verbose, parallel_searches(args.export, args.run))

@@ -30,6 +30,7 @@ from keras_transformer.cli.common import decoding_line
 from keras_transformer.cli.common import os_error_line
 from keras_transformer.cli.common import run_translators
 from keras_transformer.cli.common import say_checkpoints
+from keras_transformer.cli.common import says_warnings
 from keras_transformer.cli.common import start_decoding
 from keras_transformer.decoding_config import PAPER_DECODING
 from keras_transformer.decoding_config import REQUEST_SETTINGS
@@ -104,6 +105,7 @@ def parse_args(argv, prog=PROG):
     return args
 
 
+@says_warnings
 def main(argv=None, prog=PROG):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     start_decoding(args.verbose)

@@ -33,6 +33,7 @@ from keras_transformer.cli.common import os_error_line
 from keras_transformer.cli.common import quiet_libraries
 from keras_transformer.cli.common import read_splits
 from keras_transformer.cli.common import run_translators
+from keras_transformer.cli.common import says_warnings
 from keras_transformer.cli.common import use_compilation_cache
 from keras_transformer.cli.common import use_xla_gpu_flags
 
@@ -78,6 +79,7 @@ def parse_args(argv, prog=PROG):
     return args, fields, model_overrides, explicit & set(fields)
 
 
+@says_warnings
 def main(argv=None, prog=PROG):
     # The budget counts from here: TensorFlow's import, the vocabulary, graph
     # building and compilation. CPU time counts from the process's start, as

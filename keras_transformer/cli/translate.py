@@ -6,11 +6,14 @@
 
 Every input line gives one output line, empty lines included, so the output
 aligns with the input. A progress bar appears on stderr for inputs of 200 lines
-or more where stderr is a terminal (--progress / --no-progress to choose). Decoding is the paper's (beam 4,
-alpha 0.6, input length + 50) unless the flags say otherwise; inputs longer than
-the model's maximum length are truncated. A line that is not UTF-8 is translated
-with its bad bytes read as U+FFFD, and stderr says which lines were (read line by
-line from a pipe or a terminal: the first, as it comes).
+or more where stderr is a terminal (--progress / --no-progress to choose).
+Decoding is the one the run chose on its dev set (that of the export's run, or
+the run's), else the paper's (beam 4, alpha 0.6, input length + 50), unless the
+flags say otherwise. A line of more subword pieces than the translator's
+max_input_length (the model's max_positions) is translated from its first ones,
+and a line that is not UTF-8 with its bad bytes read as U+FFFD: stderr says
+which lines were (read line by line from a pipe or a terminal: the first, as it
+comes, for bad bytes).
 
 Read from a terminal or a pipe and written to stdout, each line is translated as
 soon as no more lines are waiting: a person typing sentences, or a program that
@@ -32,6 +35,7 @@ from keras_transformer.cli.common import graph_optimizer_off
 from keras_transformer.cli.common import load_command_translator
 from keras_transformer.cli.common import os_error_line
 from keras_transformer.cli.common import parallel_searches
+from keras_transformer.cli.common import says_warnings
 from keras_transformer.cli.common import start_decoding
 from keras_transformer.cli.common import write_lines
 from keras_transformer.decoding_config import REQUEST_SETTINGS
@@ -174,6 +178,7 @@ def streams(args):
             and not stat.S_ISREG(os.fstat(sys.stdin.fileno()).st_mode))
 
 
+@says_warnings
 def main(argv=None, prog=PROG):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     start_decoding(args.verbose, parallel_searches(args.export, args.run))
