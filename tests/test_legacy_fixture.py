@@ -51,9 +51,10 @@ def signature_outputs(export_dir, sentences):
 
 
 def assert_same_outputs(got, expected):
+    """Every output recorded, the same in `got` (outputs added since may come too)."""
     for name, outputs in got.items():
-        for key, value in outputs.items():
-            want = expected[name][key]
+        for key, want in expected[name].items():
+            value = outputs[key]
             if isinstance(np.asarray(want).reshape(-1)[0], str):
                 assert value == want, (name, key)
             else:
