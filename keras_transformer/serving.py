@@ -54,14 +54,13 @@ an `InvalidArgument` error naming the limit, before any tokenization or search.
 Bad input is answered, not crashed on: runs of whitespace (tabs, newlines,
 Unicode spaces) become one space, ends stripped, as in the training text; an
 empty or whitespace-only string translates to "" with score 0.0; invalid UTF-8
-bytes become U+FFFD; a source longer than `max_input_length` tokens (default: the
-model's `max_positions`) is truncated to them, and the `truncated` output of
-`translate`, `translate_nbest`, `translate_aligned` and `translate_ids` says
-so, true for that sentence; an empty batch gives empty
-outputs; a `beam_size` outside the traced set, a negative `extra_length` or
-`no_repeat_ngram_size`, a non-finite `alpha` or ids outside the vocabulary give
-an `InvalidArgument` error
-that says what was received.
+bytes become U+FFFD; a source longer than `max_input_length` tokens (default:
+the model's `max_positions`) is truncated to them, and the `truncated` output
+of `translate`, `translate_nbest`, `translate_aligned` and `translate_ids` is
+true for it; an empty batch gives empty outputs; a `beam_size` outside the
+traced set, a negative `extra_length` or `no_repeat_ngram_size`, a non-finite
+`alpha` or ids outside the vocabulary give an `InvalidArgument` error that says
+what was received.
 
 Without tensorflow-text (which stock TF Serving links in), `Translator(model,
 None)` (`export --ids-only`) exports only signatures that take token ids

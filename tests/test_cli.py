@@ -1081,6 +1081,20 @@ def test_a_checkpoint_cut_short_is_one_line_from_each_decoding_command(
             f"of {run.directory}\n") in err, err
 
 
+def _translate_file(source, run_dir, translator, monkeypatch, capsys):
+    """`keras-transformer translate SOURCE --run RUN_DIR` in this process, its run
+    loaded as `translator`: its stdout and stderr."""
+    from keras_transformer.cli import translate
+
+    _load_runs_as(monkeypatch, lambda *args, **options: translator)
+    for name in ("TF_ENABLE_ONEDNN_OPTS", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"):
+        monkeypatch.setenv(name, os.environ.get(name, "1"))
+    capsys.readouterr()
+    assert translate.main([str(source), "--run", str(run_dir), "--no-progress",
+                           "--verbose"]) == 0
+    return capsys.readouterr()
+
+
 def test_a_file_not_in_utf8_is_translated_with_a_line_that_says_so(
         run_dir, run_translators, tmp_path, monkeypatch, capsys):
     """A file in Windows-1252 ("se\\xf1or") was translated without a word, its
@@ -1088,17 +1102,11 @@ def test_a_file_not_in_utf8_is_translated_with_a_line_that_says_so(
     keeps the input's lines), as its text with U+FFFD; stderr says which lines
     and what to do."""
     from keras_transformer import evaluation
-    from keras_transformer.cli import translate
 
     source = tmp_path / "latin.txt"
     source.write_bytes(b"Jesus wept.\n" + "El se\u00f1or dijo.\nY \u00e9l.\n".encode("cp1252"))
-    _load_runs_as(monkeypatch, lambda *args, **options: run_translators["averaged"])
-    for name in ("TF_ENABLE_ONEDNN_OPTS", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"):
-        monkeypatch.setenv(name, os.environ.get(name, "1"))
-    capsys.readouterr()
-    assert translate.main([str(source), "--run", str(run_dir), "--no-progress",
-                           "--verbose"]) == 0
-    out, err = capsys.readouterr()
+    out, err = _translate_file(source, run_dir, run_translators["averaged"], monkeypatch,
+                               capsys)
     assert out.splitlines() == evaluation.translate_sentences(
         run_translators["averaged"], ["Jesus wept.", "El se\ufffdor dijo.", "Y \ufffdl."])
     lines = [line for line in err.splitlines() if line.startswith("keras-transformer")]
@@ -1114,21 +1122,13 @@ def test_a_line_translated_from_its_first_pieces_only_is_named_in_a_line(
     translated from its beginning alone without a word. Its line is still
     translated (the output keeps the input's lines), and stderr says which was
     cut, as the command's line, not as Python's warning with our code's file."""
-    from keras_transformer.cli import translate
-
     translator = run_translators["averaged"]
     limit = translator.config.max_input_length
     paragraph = " ".join(SENTENCES * 4)
     assert translator.tokenizer.tokenize(paragraph).shape[0] > limit
     source = tmp_path / "paragraph.txt"
     source.write_text(f"Jesus wept.\n{paragraph}\nAnd God saw.\n")
-    _load_runs_as(monkeypatch, lambda *args, **options: translator)
-    for name in ("TF_ENABLE_ONEDNN_OPTS", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"):
-        monkeypatch.setenv(name, os.environ.get(name, "1"))
-    capsys.readouterr()
-    assert translate.main([str(source), "--run", str(run_dir), "--no-progress",
-                           "--verbose"]) == 0
-    out, err = capsys.readouterr()
+    out, err = _translate_file(source, run_dir, translator, monkeypatch, capsys)
     assert out.splitlines() == _translations(translator, ["Jesus wept.", paragraph,
                                                           "And God saw."])
     assert err.splitlines() == [
