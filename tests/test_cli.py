@@ -523,6 +523,20 @@ def test_translate_answers_a_pipe_or_a_terminal_line_by_line(
         out, _ = _main(translate, monkeypatch, capsys, "--run", run_dir, "--extra-length",
                        "3", translators=run_translators)
         assert out.split("\n")[:-1] == expected
+    # A line of more pieces than the model reads, in the second chunk: named by
+    # its line's number as its chunk is answered.
+    translator = run_translators["averaged"]
+    limit, paragraph = translator.config.max_input_length, " ".join(SENTENCES * 4)
+    _load_runs_as(monkeypatch, lambda *args, **options: translator)
+    pipe("\n".join(sources + [paragraph]) + "\n", terminal=False)
+    capsys.readouterr()
+    assert translate.main(["--run", str(run_dir), "--verbose"]) == 0
+    out, err = capsys.readouterr()
+    assert out.split("\n")[:-1] == _translations(translator, sources + [paragraph])
+    assert err == ("keras-transformer translate: sentence 5 has more subword pieces than the "
+                   f"translator's max_input_length={limit}: only its first {limit} were "
+                   "translated, and its translation misses the rest; split long lines into "
+                   "sentences\n")
     calls = []
     monkeypatch.setattr(evaluation, "translate_sentences",
                         lambda translator, chunk, *args, first_number, **knobs:
