@@ -290,11 +290,17 @@ def _request_limits(translator):
     return {name: settings[name] for name in names if name in settings}
 
 
+def _named(indices, first_number):
+    """The sentences of `indices` (sorted, at least one) as messages name them,
+    numbered from `first_number`: "sentence 3 (and 1 more)"."""
+    others = f" (and {len(indices) - 1} more)" if len(indices) > 1 else ""
+    return f"sentence {indices[0] + first_number}{others}"
+
+
 def _truncation_message(truncated, max_input_length, first_number):
     """What `TruncatedInputWarning` says of the sentences of indices
     `truncated` (sorted), numbered from `first_number`."""
-    others = f" (and {len(truncated) - 1} more)" if len(truncated) > 1 else ""
-    return (f"sentence {truncated[0] + first_number}{others} has more subword pieces than "
+    return (f"{_named(truncated, first_number)} has more subword pieces than "
             f"the translator's max_input_length={max_input_length}: only its first "
             f"{max_input_length} were translated, and its translation misses the rest; "
             "split long lines into sentences")
@@ -305,12 +311,10 @@ def _check_lengths(sentences, max_input_chars, first_number):
         return
     too_long = [i for i, sentence in enumerate(sentences) if len(sentence) > max_input_chars]
     if too_long:
-        first = too_long[0]
-        others = f" (and {len(too_long) - 1} more)" if len(too_long) > 1 else ""
         raise ValueError(
-            f"sentence {first + first_number}{others} is longer than the translator's "
+            f"{_named(too_long, first_number)} is longer than the translator's "
             f"max_input_chars={max_input_chars} characters (a limit set at export): "
-            f"{len(sentences[first])} characters; split it, or export with a larger "
+            f"{len(sentences[too_long[0]])} characters; split it, or export with a larger "
             "--max-input-chars")
 
 

@@ -527,11 +527,8 @@ def test_translate_answers_a_pipe_or_a_terminal_line_by_line(
     # its line's number as its chunk is answered.
     translator = run_translators["averaged"]
     limit, paragraph = translator.config.max_input_length, " ".join(SENTENCES * 4)
-    _load_runs_as(monkeypatch, lambda *args, **options: translator)
     pipe("\n".join(sources + [paragraph]) + "\n", terminal=False)
-    capsys.readouterr()
-    assert translate.main(["--run", str(run_dir), "--verbose"]) == 0
-    out, err = capsys.readouterr()
+    out, err = _translate_file("-", run_dir, translator, monkeypatch, capsys)
     assert out.split("\n")[:-1] == _translations(translator, sources + [paragraph])
     assert err == ("keras-transformer translate: sentence 5 has more subword pieces than the "
                    f"translator's max_input_length={limit}: only its first {limit} were "
@@ -1096,8 +1093,8 @@ def test_a_checkpoint_cut_short_is_one_line_from_each_decoding_command(
 
 
 def _translate_file(source, run_dir, translator, monkeypatch, capsys):
-    """`keras-transformer translate SOURCE --run RUN_DIR` in this process, its run
-    loaded as `translator`: its stdout and stderr."""
+    """`keras-transformer translate SOURCE --run RUN_DIR` in this process (SOURCE
+    - for stdin), its run loaded as `translator`: its stdout and stderr."""
     from keras_transformer.cli import translate
 
     _load_runs_as(monkeypatch, lambda *args, **options: translator)
