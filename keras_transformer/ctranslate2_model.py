@@ -21,7 +21,8 @@ one the run chose) and the run. Needs the `ctranslate2` package (the
 export does, but for the search: the same request limits and text (whitespace,
 invisible characters, recasing and the first capital: `serving_text.RequestText`,
 run eagerly), the export's decoding settings, outputs of at most the source's
-pieces + `extra_length`. CTranslate2's search differs in two ways: it divides a
+pieces + `extra_length`; sources and outputs both end at the position table's
+`POSITIONS` (1024) pieces. CTranslate2's search differs in two ways: it divides a
 hypothesis's log-probability by length^alpha (ours: the paper's
 ((5 + length) / 6)^alpha; with the length penalty off both search for the same
 thing), and it has no blocking of words repeated back to back
@@ -285,6 +286,8 @@ class CTranslate2Translator:
         extra = int(config.extra_length if extra_length is None else extra_length)
         text = tf.convert_to_tensor(text, tf.string)
         sources = self._tokens(text).to_list()  # the limits, the text, recased
+        # The position table's rows (`POSITIONS`) bound the source's pieces and
+        # the output's: CTranslate2 raises past them.
         limit = config.max_input_length
         truncated = [len(source) > limit for source in sources]
         sources = [source[:limit] for source in sources]
@@ -293,10 +296,12 @@ class CTranslate2Translator:
         if asked:
             # One call for the request (3x faster than a call per source length:
             # 500 test sentences in 5 s, not 15), its outputs limited as ours are,
-            # each to its source's pieces + extra, end of sequence included.
+            # each to its source's pieces + extra, end of sequence included, and
+            # all to the table's rows.
+            longest = max(len(sources[index]) for index in asked)
             results = self.engine.translate_batch(
                 [[self.pieces[i] for i in sources[index]] for index in asked],
-                max_decoding_length=max(len(sources[index]) for index in asked) + extra,
+                max_decoding_length=min(longest + extra, limit),
                 max_input_length=limit, return_scores=True, **search)
             for index, result in zip(asked, results):
                 outputs[index] = [self.ids[piece] for piece in

@@ -554,6 +554,11 @@ MUTANTS = [
            "@says_warnings", "",
            ["tests/test_cli.py::test_a_line_translated_from_its_first_pieces_only_is_named_"
             "in_a_line"]),
+    mutant("ctranslate2-decodes-past-its-positions", "keras_transformer/ctranslate2_model.py",
+           "max_decoding_length=min(longest + extra, limit),",
+           "max_decoding_length=longest + extra,",
+           ["tests/test_ctranslate2.py::test_sources_near_and_past_the_position_table_"
+            "translate_within_it"]),
     mutant("translations-out-of-order", "keras_transformer/evaluation.py",
            'translations[i] = text.decode("utf-8")',
            'translations[indices.index(i)] = text.decode("utf-8")',

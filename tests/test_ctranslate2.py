@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 
 import ctranslate2  # the test extra's: CI runs this independent engine's checks
 import numpy as np
@@ -173,8 +174,6 @@ class RecordingEngine:
         self.padding, self.calls = padding, []
 
     def translate_batch(self, sources, **options):
-        import types
-
         self.calls.append((sources, options))
         return [types.SimpleNamespace(hypotheses=[source + self.padding], scores=[-1.5])
                 for source in sources]
@@ -217,17 +216,44 @@ def test_translator_hands_ctranslate2_our_pieces_and_settings(model, tokenizer, 
                                    "max_input_length": ctranslate2_model.POSITIONS,
                                    "return_scores": True}
     # A source of more pieces than the position table's rows: its first ones,
-    # its output limited by them, and said so, as our export's truncation.
+    # said so, as our export's truncation, and its output limited to the rows
+    # too (CTranslate2 raises past them).
     limit = min(map(len, expected))  # the shortest fits, the longest does not
     translator.config = dataclasses.replace(translator.config, max_input_length=limit)
     outputs = translator.translate(tf.constant(REQUESTS))
     sources, options = engine.calls[-1]
     assert sources == [[translator.pieces[i] for i in ids[:limit]] for ids in expected]
     assert options["max_input_length"] == limit
-    assert options["max_decoding_length"] == limit + 2
+    assert options["max_decoding_length"] == limit
     np.testing.assert_array_equal(outputs["truncated"],
                                   [len(ids) > limit for ids in expected] + [False, False])
     assert max(map(len, expected)) > limit
+
+
+def test_sources_near_and_past_the_position_table_translate_within_it(model, tokenizer,
+                                                                       tmp_path):
+    """A source of nearly `POSITIONS` pieces and one of more, with 50 pieces of
+    extra_length: CTranslate2 reads no position past its table (it raised
+    "No position encodings are defined for positions >= 1024" here), the
+    longer source is said to be truncated, and no output passes the table."""
+    path = _export(model, tokenizer, tmp_path / "ct2", extra_length=50)
+    translator = ctranslate2_model.CTranslate2Translator(path)
+    engine, answers = translator.engine, []
+
+    def translate_batch(sources, **options):
+        answers.extend(engine.translate_batch(sources, **options))
+        return answers
+
+    translator.engine = types.SimpleNamespace(translate_batch=translate_batch)
+    texts = tf.constant([" ".join(["the"] * 1000), " ".join(["the"] * 1100)])
+    lengths = translator._tokens(texts).row_lengths().numpy()
+    assert lengths[0] + 50 > ctranslate2_model.POSITIONS >= lengths[0]
+    assert lengths[1] > ctranslate2_model.POSITIONS
+    outputs = translator.translate(texts)
+    np.testing.assert_array_equal(outputs["truncated"], [False, True])
+    # The random weights write on past the shorter source's pieces: on the
+    # CPUs of 2026, to the table's end.
+    assert max(len(answer.hypotheses[0]) for answer in answers) <= ctranslate2_model.POSITIONS
 
 
 def test_the_export_records_its_decoding_and_run_and_loads_as_an_export(model, tokenizer,
