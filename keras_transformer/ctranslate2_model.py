@@ -36,6 +36,7 @@ import os
 import numpy as np
 
 from keras_transformer.decoding_config import DecodingConfig
+from keras_transformer.decoding_config import exported_limits
 from keras_transformer.durable import write_atomically
 from keras_transformer.export_files import CTRANSLATE2_SETTINGS
 from keras_transformer.hardware import available_cores
@@ -84,7 +85,7 @@ def export_ctranslate2(model, tokenizer, output_dir, quantization=None, *, confi
     if os.path.exists(output_dir):
         raise ValueError(f"{output_dir} exists already; pass a new directory")
     pieces = vocabulary(tokenizer)
-    decoding = (config or DecodingConfig()).to_dict()
+    decoding = exported_limits(config or DecodingConfig(), "export_ctranslate2").to_dict()
     recorded = {"model": model.config.to_dict(), "quantization": quantization or "float32",
                 "translator": {name: decoding[name] for name in SETTINGS}}
     if run is not None:

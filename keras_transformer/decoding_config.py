@@ -129,7 +129,8 @@ class DecodingConfig:
         max_batch_size: requests of more sentences are refused
             (InvalidArgument), and the model server's batches are no larger.
         max_input_chars: requests with a longer sentence are refused
-            (InvalidArgument).
+            (InvalidArgument). An export has this limit; a translator that
+            serves no requests (a run's own) may have none (None).
         precision: the weights' and matrix multiplies' type (softmax, layer
             norm, logits and scores stay float32): bfloat16 for CPUs with AMX
             or AVX512-BF16 and for GPUs, float16 for older GPUs; auto: bfloat16
@@ -173,7 +174,7 @@ class DecodingConfig:
     max_input_length: int | None = None
     max_output_length: int | None = None
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
-    max_input_chars: int = DEFAULT_MAX_INPUT_CHARS
+    max_input_chars: int | None = DEFAULT_MAX_INPUT_CHARS
     precision: str | None = dataclasses.field(default=None, metadata={"choices": PRECISIONS})
     jit_compile: str = dataclasses.field(
         default="off", metadata={"bare_flag": "on", "choices": JIT_COMPILE})
@@ -207,12 +208,11 @@ class DecodingConfig:
         for name in ("block_adjacent_repeats", "recase_capitals"):
             _require(name, getattr(self, name), isinstance(getattr(self, name), bool),
                      "must be True or False")
-        for name in ("max_input_length", "max_output_length", "xla_max_batch_size",
-                     "parallel_searches"):
+        for name in ("max_input_length", "max_output_length", "max_input_chars",
+                     "xla_max_batch_size", "parallel_searches"):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name), "DecodingConfig")
-        for name in ("max_batch_size", "max_input_chars"):
-            positive_int(name, getattr(self, name), "DecodingConfig")
+        positive_int("max_batch_size", self.max_batch_size, "DecodingConfig")
         _require("precision", self.precision,
                  self.precision in (None, *PRECISIONS, *MIXED_PRECISIONS),
                  f"must be None or one of {', '.join(PRECISIONS)}")
@@ -282,13 +282,30 @@ class DecodingConfig:
         return cls(**values)
 
 
-def one_beam_size(beam_size=None):
-    """The `DecodingConfig` settings of a translator that traces one search, that
-    of `beam_size` (None: the default, the paper's 4): for one whose requests all
-    ask for that beam, as a command's with a run or a training run's own. Each
-    beam size of `beam_sizes` is a search to trace (seconds each on a CPU)."""
+def exported_limits(config, owner):
+    """`config`, once it is known to limit the characters of a request's
+    sentences: an export is served to whoever sends requests, and a model
+    server without that limit tokenizes a sentence of any length (`owner`: the
+    exporting function, for the error)."""
+    if config.max_input_chars is None:
+        raise ValueError(
+            f"{owner}: the translator has max_input_chars=None (no limit), which an export "
+            "may not have: its model server would tokenize a request's sentences of any "
+            f"length; build it with a limit (the default: {DEFAULT_MAX_INPUT_CHARS} characters)")
+    return config
+
+
+def in_process_settings(beam_size=None):
+    """The `DecodingConfig` settings of a translator that its own process calls,
+    never a model server: a command's with a run, a training run's own for its
+    dev and test BLEU. It traces one search, that of `beam_size` (None: the
+    default, the paper's 4), which all its calls ask for: each beam size of
+    `beam_sizes` is a search to trace, seconds each on a CPU. And it limits no
+    sentence's characters: its sentences are the user's own text, a paragraph
+    of which is translated from its first `max_input_length` pieces, and said
+    to be (`TruncatedInputWarning`), not refused."""
     beam_size = DecodingConfig.beam_size if beam_size is None else beam_size
-    return {"beam_size": beam_size, "beam_sizes": (beam_size,)}
+    return {"beam_size": beam_size, "beam_sizes": (beam_size,), "max_input_chars": None}
 
 
 def _is_real(value):

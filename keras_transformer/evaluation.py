@@ -43,6 +43,7 @@ def translate_sentences(
     extra_length=None,
     no_repeat_ngram_size=None,
     first_number=1,
+    named="sentence",
 ):
     """Translates a list of sentences, in batches, keeping their order.
 
@@ -61,6 +62,8 @@ def translate_sentences(
             translator's own when None.
         first_number: the number that errors give the first sentence (that of
             a chunk of a longer input).
+        named: what errors and warnings call a sentence, before its number:
+            "sentence 3", or "dev sentence 3" for a corpus's dev split.
 
     Returns:
         A list of translations (str), one per sentence.
@@ -86,7 +89,7 @@ def translate_sentences(
              for name, dtype in REQUEST_SETTING_DTYPES.items() if settings[name] is not None}
     sentences = [s.decode("utf-8", "replace") if isinstance(s, bytes) else s
                  for s in sentences]
-    _check_lengths(sentences, limits.get("max_input_chars"), first_number)
+    _check_lengths(sentences, limits.get("max_input_chars"), first_number, named)
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]), reverse=True)
     translations = [None] * len(sentences)
     truncated = []  # the indices of sentences translated from their first pieces only
@@ -115,7 +118,8 @@ def translate_sentences(
             bar.update(len(indices))
     if truncated:
         warnings.warn(TruncatedInputWarning(_truncation_message(
-            sorted(truncated), limits.get("max_input_length"), first_number)), stacklevel=2)
+            sorted(truncated), limits.get("max_input_length"), first_number, named)),
+            stacklevel=2)
     return translations
 
 
@@ -162,6 +166,7 @@ def evaluate(
     progress=False,
     *,
     limit=None,
+    named="sentence",
     **decoding,
 ):
     """Translates the sources of a parallel corpus and scores them with BLEU.
@@ -171,7 +176,7 @@ def evaluate(
         pairs: a `tf.data.Dataset` of `{"source", "target"}` strings (as
             `keras_transformer.data.load_parallel` returns), or a list of
             `(source, target)` pairs.
-        batch_size, progress: as for `translate_sentences`.
+        batch_size, progress, named: as for `translate_sentences`.
         limit: optional int, score only the first `limit` pairs.
         **decoding: `beam_size`, `alpha`, `extra_length`,
             `no_repeat_ngram_size`, as for `translate_sentences`.
@@ -183,7 +188,7 @@ def evaluate(
     sources, references = _read_pairs(pairs, limit)
     start = time.perf_counter()
     hypotheses = translate_sentences(
-        translator_or_export, sources, batch_size, progress, **decoding
+        translator_or_export, sources, batch_size, progress, named=named, **decoding
     )
     seconds = time.perf_counter() - start
     scores = bleu_scores(hypotheses, references)
@@ -204,9 +209,9 @@ ALPHAS = (PAPER_ALPHA, 0.8, 1.0, 1.2)
 
 def choose_decoding(translator_or_export, pairs, block=BLOCKED_NGRAM_SIZE, alphas=ALPHAS,
                     batch_size=DEFAULT_BATCH_SIZE, *, limit=None, blocking=None):
-    """The request settings that translate `pairs` (dev pairs) best, as the
-    paper chose its length penalty (Sec. 6.1: "These hyperparameters were chosen
-    after experimentation on the development set").
+    """The request settings that translate `pairs` (dev pairs, as its messages
+    call them) best, as the paper chose its length penalty (Sec. 6.1: "These
+    hyperparameters were chosen after experimentation on the development set").
 
     First `alpha`, with repeated n-grams of `block` pieces blocked: each of
     `alphas`; the best kept, the earliest on a tie. Every one is tried: on 200
@@ -247,8 +252,8 @@ def choose_decoding(translator_or_export, pairs, block=BLOCKED_NGRAM_SIZE, alpha
 
     def score(size, alpha):
         translator = blocking if size and blocking is not None else translator_or_export
-        hypotheses = translate_sentences(translator, sources, batch_size,
-                                         alpha=alpha, no_repeat_ngram_size=size)
+        hypotheses = translate_sentences(translator, sources, batch_size, alpha=alpha,
+                                         no_repeat_ngram_size=size, named="dev sentence")
         scores[size, alpha] = bleu_scores(hypotheses, references)["bleu"]
         return scores[size, alpha]
 
@@ -290,29 +295,29 @@ def _request_limits(translator):
     return {name: settings[name] for name in names if name in settings}
 
 
-def _named(indices, first_number):
+def _named(indices, first_number, named):
     """The sentences of `indices` (sorted, at least one) as messages name them,
-    numbered from `first_number`: "sentence 3 (and 1 more)"."""
+    numbered from `first_number`, `named` so: "sentence 3 (and 1 more)"."""
     others = f" (and {len(indices) - 1} more)" if len(indices) > 1 else ""
-    return f"sentence {indices[0] + first_number}{others}"
+    return f"{named} {indices[0] + first_number}{others}"
 
 
-def _truncation_message(truncated, max_input_length, first_number):
+def _truncation_message(truncated, max_input_length, first_number, named):
     """What `TruncatedInputWarning` says of the sentences of indices
-    `truncated` (sorted), numbered from `first_number`."""
-    return (f"{_named(truncated, first_number)} has more subword pieces than "
+    `truncated` (sorted), numbered from `first_number`, `named` so."""
+    return (f"{_named(truncated, first_number, named)} has more subword pieces than "
             f"the translator's max_input_length={max_input_length}: only its first "
             f"{max_input_length} were translated, and its translation misses the rest; "
             "split long lines into sentences")
 
 
-def _check_lengths(sentences, max_input_chars, first_number):
+def _check_lengths(sentences, max_input_chars, first_number, named):
     if not max_input_chars:
         return
     too_long = [i for i, sentence in enumerate(sentences) if len(sentence) > max_input_chars]
     if too_long:
         raise ValueError(
-            f"{_named(too_long, first_number)} is longer than the translator's "
+            f"{_named(too_long, first_number, named)} is longer than the translator's "
             f"max_input_chars={max_input_chars} characters (a limit set at export): "
             f"{len(sentences[too_long[0]])} characters; split it, or export with a larger "
             "--max-input-chars")

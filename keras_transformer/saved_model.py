@@ -25,6 +25,7 @@ from keras_transformer.export_files import WARMUP_FILENAME
 from keras_transformer.durable import full_disk_error
 from keras_transformer.durable import write_atomically
 from keras_transformer.hardware import available_cores
+from keras_transformer.decoding_config import exported_limits
 from keras_transformer.decoding_config import positive_int
 
 SIGNATURES = ("serving_default", "score", "translate", "translate_aligned", "translate_ids",
@@ -80,13 +81,13 @@ def export_translator(
         The path of the version directory.
 
     Raises:
-        ValueError: the version exists already, or a warm-up sentence is over
-            the request limits.
+        ValueError: the version exists already, a warm-up sentence is over
+            the request limits, or the translator has no `max_input_chars`.
         ExportError: the check failed.
         OSError: the disk filled (errno ENOSPC, naming the version's directory);
             nothing of the export is left.
     """
-    limits = translator.config
+    limits = exported_limits(translator.config, "export_translator")
     if warmup_texts is None:
         warmup_texts = [text for text in WARMUP_TEXTS
                         if len(text) <= limits.max_input_chars][:limits.max_batch_size]

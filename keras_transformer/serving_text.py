@@ -60,7 +60,8 @@ class RequestText:
         tokenizer: the `SubwordTokenizer` shared by source and target; None for
             an ids-only translator (only `within_batch_limit` then).
         max_batch_size: the most sentences (or id rows) a request may hold.
-        max_input_chars: the most characters a request's sentence may have.
+        max_input_chars: the most characters a request's sentence may have;
+            None for no limit.
         recase_capitals: whether sentences in small letters only, in capitals
             only or in Title Case are tokenized with their words' usual capitals
             (`tokens`, the tokenizer's `Casing`), and the translations of those
@@ -87,14 +88,15 @@ class RequestText:
         the limits."""
         # The limits first: nothing else runs on a request over them.
         text = self.within_batch_limit(text)
-        longest = tf.reduce_max(  # 0 for an empty batch
-            tf.concat([tf.strings.length(text, unit="UTF8_CHAR"), [0]], axis=0))
-        check = tf.debugging.assert_less_equal(
-            longest, self.max_input_chars,
-            message=f"a sentence of the request is longer than max_input_chars="
-                    f"{self.max_input_chars} characters (a limit set at export). Longest:")
-        with tf.control_dependencies([check]):
-            text = tf.identity(text)
+        if self.max_input_chars is not None:
+            longest = tf.reduce_max(  # 0 for an empty batch
+                tf.concat([tf.strings.length(text, unit="UTF8_CHAR"), [0]], axis=0))
+            check = tf.debugging.assert_less_equal(
+                longest, self.max_input_chars,
+                message=f"a sentence of the request is longer than max_input_chars="
+                        f"{self.max_input_chars} characters (a limit set at export). Longest:")
+            with tf.control_dependencies([check]):
+                text = tf.identity(text)
         text = _cleaned(text)
         if self.recase_capitals:
             uninformative = (_all_caps(text) | _title_case(text)

@@ -615,12 +615,13 @@ class BleuEvaluation(keras.callbacks.Callback):
         from keras_transformer import evaluation
         from keras_transformer import serving
         from keras_transformer.decoding_config import RUN_PRECISION
-        from keras_transformer.decoding_config import one_beam_size
+        from keras_transformer.decoding_config import in_process_settings
 
         # A new translator each time: it copies the weights it multiplies by.
-        translator = serving.Translator(self.model, self.tokenizer, **one_beam_size(),
+        translator = serving.Translator(self.model, self.tokenizer, **in_process_settings(),
                                         precision=RUN_PRECISION)
-        logs["bleu"] = float(evaluation.evaluate(translator, self.pairs)["bleu"])
+        logs["bleu"] = float(evaluation.evaluate(translator, self.pairs,
+                                                 named="dev sentence")["bleu"])
 
 
 def run_callbacks(run, config, clock, chief=True, tokenizer=None, dev_pairs=None,

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import serving
-from keras_transformer.decoding_config import one_beam_size
+from keras_transformer.decoding_config import in_process_settings
 from keras_transformer.token_ids import BOS_ID
 from keras_transformer.token_ids import EOS_ID
 
@@ -65,7 +65,7 @@ def cross_attention_weights(model, tokenizer, source, target=None, *, layer=-1,
     layer = _layer_index(layer, len(model.decoder_layers))
     if target is None:
         if translator is None:
-            translator = serving.Translator(model, tokenizer, **one_beam_size())
+            translator = serving.Translator(model, tokenizer, **in_process_settings())
         outputs = translator.translate(tf.constant([source]))
         target = outputs["translation"].numpy()[0].decode("utf-8")
     if max_input_length is None:  # the source the translator read

@@ -559,6 +559,26 @@ MUTANTS = [
            "max_decoding_length=longest + extra,",
            ["tests/test_ctranslate2.py::test_sources_near_and_past_the_position_table_"
             "translate_within_it"]),
+    mutant("run-translators-refuse-paragraphs", "keras_transformer/decoding_config.py",
+           'return {"beam_size": beam_size, "beam_sizes": (beam_size,), "max_input_chars": None}',
+           'return {"beam_size": beam_size, "beam_sizes": (beam_size,)}',
+           ["tests/test_evaluation.py::test_a_translator_without_a_character_limit_translates_a_"
+            "paragraph_from_its_first_pieces"]),
+    mutant("truncation-said-once-a-line-of-ours", "keras_transformer/cli/common.py",
+           "if str(message) not in said:  # once, from whichever line of ours", "if True:",
+           ["tests/test_train_cli.py::test_a_paragraph_in_the_dev_and_test_files_is_translated_"
+            "from_its_first_pieces"], slow=True),
+    mutant("dev-sentences-named-as-any", "keras_transformer/evaluation.py",
+           'no_repeat_ngram_size=size, named="dev sentence")',
+           "no_repeat_ngram_size=size)",
+           ["tests/test_train_cli.py::test_a_paragraph_in_the_dev_and_test_files_is_translated_"
+            "from_its_first_pieces"], slow=True),
+    mutant("an-export-without-a-character-limit", "keras_transformer/decoding_config.py",
+           "if config.max_input_chars is None:", "if False:",
+           ["tests/test_saved_model.py::test_a_translator_without_a_character_limit_is_not_"
+            "exported",
+            "tests/test_ctranslate2.py::test_a_decoding_without_a_character_limit_is_not_"
+            "exported"]),
     mutant("translations-out-of-order", "keras_transformer/evaluation.py",
            'translations[i] = text.decode("utf-8")',
            'translations[indices.index(i)] = text.decode("utf-8")',

@@ -443,9 +443,11 @@ def test_decoding_flags_and_weights_reach_the_search(
         _, recording = _main(module, monkeypatch, capsys, "--run", run_dir, *corpus,
                              "--output", output, *flags, translators=run_translators)
         assert recording.translator is run_translators[weights]
-        # The run's translator traces the one search the command asks for.
+        # The run's translator traces the one search the command asks for, and
+        # refuses no sentence for its characters.
         beam_size = knobs.get("beam_size", 4)
-        assert recording.options == {"beam_size": beam_size, "beam_sizes": (beam_size,)}
+        assert recording.options == {"beam_size": beam_size, "beam_sizes": (beam_size,),
+                                     "max_input_chars": None}
         assert recording.calls and all(call == knobs for call in recording.calls), flags
         lines = output.read_text(encoding="utf-8").split("\n")[:-1]
         assert lines == _translations(run_translators[weights], sources, **knobs), flags
@@ -937,6 +939,13 @@ def test_evaluate_reads_corpora_as_train_does(tmp_path):
     assert pairs("--test", str(tmp_path / "test.tsv")) == [("test one", "uno"), ("test two", "dos")]
     with pytest.raises(FileNotFoundError, match="neither 'bundled'"):
         evaluate.load_pairs(evaluate.parse_args(["--run", str(tmp_path), "--test", "no.tsv"]))
+    # What its messages call a sentence: by its split, or by its line in a file of one.
+    named = {flags: evaluate.sentences_named(evaluate.parse_args(["--run", str(tmp_path), *flags]))
+             for flags in [("--test", str(tmp_path / "{split}.tsv"), "--split", "dev"),
+                           ("--test", "bundled"), (), ("--test", str(tmp_path / "test.tsv")),
+                           ("--src", str(tmp_path / "test.en"), "--ref", str(tmp_path / "test.es"))]}
+    assert list(named.values()) == ["dev sentence", "test sentence", "test sentence", "sentence",
+                                    "sentence"]
 
 
 def test_evaluate_scores_the_corpus_the_run_trained_on_unless_told(tmp_path):

@@ -256,6 +256,14 @@ def test_sources_near_and_past_the_position_table_translate_within_it(model, tok
     assert max(len(answer.hypotheses[0]) for answer in answers) <= ctranslate2_model.POSITIONS
 
 
+def test_a_decoding_without_a_character_limit_is_not_exported(model, tokenizer, tmp_path):
+    """As a SavedModel export: an export keeps max_input_chars."""
+    with pytest.raises(ValueError, match=r"^export_ctranslate2: the translator has "
+                                         r"max_input_chars=None \(no limit\)"):
+        _export(model, tokenizer, tmp_path / "ct2", max_input_chars=None)
+    assert os.listdir(tmp_path) == []
+
+
 def test_the_export_records_its_decoding_and_run_and_loads_as_an_export(model, tokenizer,
                                                                         tmp_path):
     """A CTranslate2 export records the decoding its translations take and the run

@@ -144,6 +144,35 @@ def test_translate_sentences_warns_of_sentences_translated_from_their_first_piec
             "translation"])
 
 
+def test_a_translator_without_a_character_limit_translates_a_paragraph_from_its_first_pieces(
+        translator, tokenizer):
+    """A run's own translators (`in_process_settings`: max_input_chars None)
+    translate a test paragraph of more characters than an export's default
+    limit from its first pieces, and the warning calls it by the name given,
+    where the default limit refuses the corpus. Train died at its first dev
+    BLEU this way, and its evaluate --run could not score such a test set."""
+    from keras_transformer.decoding_config import DEFAULT_MAX_INPUT_CHARS
+    from keras_transformer.decoding_config import in_process_settings
+
+    unlimited = serving.Translator(translator.model, tokenizer, extra_length=6,
+                                   max_input_length=16, **in_process_settings(1))
+    paragraph = " ".join(SENTENCES * (DEFAULT_MAX_INPUT_CHARS // len(" ".join(SENTENCES)) + 1))
+    assert len(paragraph) > DEFAULT_MAX_INPUT_CHARS
+    pairs = [("And God saw.", SENTENCES[0]), (paragraph, SENTENCES[1])]
+    with pytest.raises(ValueError, match=r"^test sentence 2 is longer than the translator's "
+                                         r"max_input_chars=10000 characters"):
+        evaluation.evaluate(translator, pairs, named="test sentence", beam_size=1)
+    with pytest.warns(TruncatedInputWarning) as caught:
+        result = evaluation.evaluate(unlimited, pairs, named="test sentence")
+    assert [str(warning.message) for warning in caught] == [
+        "test sentence 2 has more subword pieces than the translator's max_input_length=16: "
+        "only its first 16 were translated, and its translation misses the rest; split long "
+        "lines into sentences"]
+    # Its first 16 pieces are those of the first sentences' paragraph.
+    assert result["hypotheses"] == _strings(translator.translate(
+        tf.constant(["And God saw.", " ".join(SENTENCES)]), beam_size=1)["translation"])
+
+
 @pytest.mark.slow
 def test_translate_sentences_from_an_export_path(translator, tmp_path):
     """The path alone: the export it loads lives as long as the translation."""

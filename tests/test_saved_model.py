@@ -246,6 +246,18 @@ def test_a_full_disk_is_named_and_leaves_no_partial_export(translator, tmp_path,
         saved_model.export_translator(translator, str(tmp_path), check=False)
 
 
+def test_a_translator_without_a_character_limit_is_not_exported(tmp_path, model, tokenizer):
+    """A run's own translator (max_input_chars None) tokenizes a sentence of any
+    length; its model server would too, for whoever sends one: refused, before
+    anything is written."""
+    unlimited = serving.Translator(model, tokenizer, max_input_chars=None, beam_sizes=(4,))
+    with pytest.raises(ValueError, match=r"^export_translator: the translator has "
+                                         r"max_input_chars=None \(no limit\), which an export "
+                                         r"may not have: .* \(the default: 10000 characters\)$"):
+        saved_model.export_translator(unlimited, str(tmp_path / "export"))
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.slow
 def test_request_limits_are_refused_before_any_work(tmp_path, model, tokenizer):
     limited = serving.Translator(model, tokenizer, extra_length=EXTRA_LENGTH, beam_sizes=(1, 4),

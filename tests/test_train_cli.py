@@ -31,7 +31,7 @@ from keras_transformer import training
 from keras_transformer.cli import train
 from keras_transformer.config import TrainingConfig
 from keras_transformer.config import TransformerConfig
-from keras_transformer.decoding_config import one_beam_size
+from keras_transformer.decoding_config import in_process_settings
 from tests import python_path
 from tests.test_distributed import free_ports
 from tests.translation_fixtures import make_model
@@ -903,6 +903,39 @@ def test_dev_bleu_in_the_logs_equals_evaluate_py(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_paragraph_in_the_dev_and_test_files_is_translated_from_its_first_pieces(tmp_path):
+    """A user's dev and test files each hold a paragraph on one line, of more
+    characters than an export's default limit: the run died at its first dev
+    BLEU ("sentence 3 is longer than the translator's max_input_chars=10000
+    characters (a limit set at export)"). It now trains to its end, its own
+    translators read the paragraph's first pieces, and stderr says so once for
+    each split, naming it (the dev BLEU and the choice of decoding read the
+    same dev pairs)."""
+    pairs = [(pair["source"].decode(), pair["target"].decode()) for pair in
+             data.load_parallel("bundled", "train").take(1540).as_numpy_iterator()]
+    paragraph = (" ".join(source for source, _ in pairs[:1000])[:12_000],
+                 " ".join(target for _, target in pairs[:1000])[:12_000])
+    splits = {"train": pairs[:1500], "dev": pairs[1500:1502] + [paragraph] + pairs[1502:1520],
+              "test": pairs[1520:1523] + [paragraph] + pairs[1523:1540]}
+    for split, rows in splits.items():
+        for side in (0, 1):
+            (tmp_path / f"{split}.{('en', 'es')[side]}").write_text(
+                "".join(row[side] + "\n" for row in rows))
+    result = _train([*QUICK, "--data", f"{tmp_path}/{{split}}.en,{tmp_path}/{{split}}.es",
+                     "--steps", "4", "--bleu-every", "2", "--bleu-sentences", "5",
+                     "--alpha-sentences", "5", "--test-sentences", "5",
+                     "--out", str(tmp_path / "run")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    limit = runs.Run(str(tmp_path / "run")).read_config()["model"]["max_positions"]
+    assert result.stderr.splitlines() == [
+        f"train.py: {split} sentence {number} has more subword pieces than the translator's "
+        f"max_input_length={limit}: only its first {limit} were translated, and its "
+        "translation misses the rest; split long lines into sentences"
+        for split, number in (("dev", 3), ("test", 4))]
+    assert "Test BLEU on 5 sentences" in result.stdout
+
+
+@pytest.mark.slow
 def test_multi_worker_run_trains_and_resumes(tmp_path):
     """Two workers on localhost (TF_CONFIG), one shared run directory that only the
     chief writes, dev BLEU (beam search on the distributed model's weights, copied
@@ -1078,7 +1111,7 @@ def test_train_translates_as_its_export_and_run_commands_do(tokenizer, tmp_path)
     keras.config.set_dtype_policy("float32")  # a fresh process's: evaluate --run's
     sentences = tf.constant([pair["source"] for pair in
                              data.load_parallel("bundled", "dev").take(6).as_numpy_iterator()])
-    theirs = loading.translator_from_run(run, **one_beam_size(), block_adjacent_repeats=True)
+    theirs = loading.translator_from_run(run, **in_process_settings(), block_adjacent_repeats=True)
     assert sorted(translators) == [False, True]
     for adjacent, translator in translators.items():
         assert translator.config == dataclasses.replace(theirs.config,

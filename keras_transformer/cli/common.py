@@ -64,11 +64,13 @@ def says_warnings(main):
     def command(argv=None, prog=default_prog):
         with warnings.catch_warnings():  # as they were, after
             warnings.simplefilter("default", TruncatedInputWarning)
-            show = warnings.showwarning
+            show, said = warnings.showwarning, set()
 
             def say(message, category, filename, lineno, file=None, line=None):
                 if issubclass(category, TruncatedInputWarning):
-                    print(f"{prog}: {message}", file=sys.stderr, flush=True)
+                    if str(message) not in said:  # once, from whichever line of ours
+                        said.add(str(message))
+                        print(f"{prog}: {message}", file=sys.stderr, flush=True)
                 else:
                     show(message, category, filename, lineno, file, line)
 
@@ -166,11 +168,11 @@ def parallel_searches(export=None, run=None):
 def load_command_translator(args, prog):
     """The translator of a decoding command (translate, evaluate): its --export,
     or its --run with --weights. A run's translator traces only the search of
-    --beam-size, the one its requests ask for (`decoding_config.one_beam_size`);
+    --beam-size, the one its requests ask for (`decoding_config.in_process_settings`);
     with --weights checkpoints, the command says which it averaged."""
     from keras_transformer import loading
     from keras_transformer import runs
-    from keras_transformer.decoding_config import one_beam_size
+    from keras_transformer.decoding_config import in_process_settings
 
     if args.run is None:
         return loading.load_export(args.export)
@@ -183,7 +185,7 @@ def load_command_translator(args, prog):
               f"chooses it on its dev set as it ends): this decodes as the paper does "
               f"({PAPER_DECODING}) unless --alpha and --no-repeat-ngram-size say "
               "otherwise; its export chooses it", file=sys.stderr, flush=True)
-    return loading.run_translator(run, model, tokenizer, **one_beam_size(args.beam_size))
+    return loading.run_translator(run, model, tokenizer, **in_process_settings(args.beam_size))
 
 
 def say_checkpoints(prog, run_dir, run_config, file=None):
@@ -404,11 +406,11 @@ def run_translators(model, tokenizer):
     would choose and score another decoding than theirs."""
     from keras_transformer import serving
     from keras_transformer.decoding_config import RUN_PRECISION
-    from keras_transformer.decoding_config import one_beam_size
+    from keras_transformer.decoding_config import in_process_settings
 
     # One copy in that precision for both, where the run trained in another.
     model = model if model.precision == RUN_PRECISION else model.with_dtype(RUN_PRECISION)
-    return {adjacent: serving.Translator(model, tokenizer, **one_beam_size(),
+    return {adjacent: serving.Translator(model, tokenizer, **in_process_settings(),
                                          block_adjacent_repeats=adjacent)
             for adjacent in (False, True)}
 

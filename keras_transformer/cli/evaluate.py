@@ -107,6 +107,16 @@ def load_pairs(args):
     return data.load_parallel(source)
 
 
+def sentences_named(args):
+    """What the messages call a sentence of `load_pairs(args)`, before its
+    number: by its line in --src or in a --test file of one split ("sentence
+    3"), else by the split's name ("test sentence 3")."""
+    if args.src is not None or (args.test is not None and not is_named_corpus(args.test)
+                                and not has_splits(args.test)):
+        return "sentence"
+    return f"{args.split} sentence"
+
+
 def trained_corpus(args):
     """`{"data", "source_language", "target_language", "seed"}`: train's settings
     of the corpus that the --run, or the run of the --export, trained on (the seed
@@ -137,6 +147,7 @@ def main(argv=None, prog=PROG):
             translator = load_command_translator(args, prog)
             result = evaluation.evaluate(
                 translator, pairs, args.batch_size, args.progress, limit=args.limit,
+                named=sentences_named(args),
                 **{name: getattr(args, name) for name in REQUEST_SETTINGS},
             )
         except (ValueError, FileNotFoundError, ImportError) as error:  # no ctranslate2

@@ -546,7 +546,7 @@ def print_test_bleu(translator, test_pairs, config, decoding):
     from keras_transformer import evaluation
 
     result = evaluation.evaluate(translator, test_pairs, limit=config.test_sentences,
-                                 **decoding)
+                                 named="test sentence", **decoding)
     for pair, hypothesis in zip(test_pairs.take(3).as_numpy_iterator(), result["hypotheses"]):
         print(f"\nsource:      {pair['source'].decode()}\ntranslation: {hypothesis}\n"
               f"reference:   {pair['target'].decode()}")
