@@ -940,10 +940,10 @@ def test_evaluate_reads_corpora_as_train_does(tmp_path):
     with pytest.raises(FileNotFoundError, match="neither 'bundled'"):
         evaluate.load_pairs(evaluate.parse_args(["--run", str(tmp_path), "--test", "no.tsv"]))
     # What its messages call a sentence: by its split, or by its line in a file of one.
+    files = [str(tmp_path / name) for name in ("{split}.tsv", "test.tsv", "test.en", "test.es")]
     named = {flags: evaluate.sentences_named(evaluate.parse_args(["--run", str(tmp_path), *flags]))
-             for flags in [("--test", str(tmp_path / "{split}.tsv"), "--split", "dev"),
-                           ("--test", "bundled"), (), ("--test", str(tmp_path / "test.tsv")),
-                           ("--src", str(tmp_path / "test.en"), "--ref", str(tmp_path / "test.es"))]}
+             for flags in [("--test", files[0], "--split", "dev"), ("--test", "bundled"), (),
+                           ("--test", files[1]), ("--src", files[2], "--ref", files[3])]}
     assert list(named.values()) == ["dev sentence", "test sentence", "test sentence", "sentence",
                                     "sentence"]
 
