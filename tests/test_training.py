@@ -13,6 +13,7 @@ import keras_transformer as kt
 from keras_transformer import budget
 from keras_transformer import runs
 from keras_transformer import training
+from tests.seeding import reseed
 
 
 def _compiled_model(accumulate_steps=1, **overrides):
@@ -462,7 +463,7 @@ def test_compiling_ahead_leaves_training_as_it_was(tokenizer, xla_on_cpu, monkey
                                                                       step(self, data))[1])
 
     def trained(ahead):
-        keras.utils.set_random_seed(1)
+        reseed(1)
         model = kt.build_transformer(kt.TransformerConfig.tiny(
             tokenizer.vocab_size, num_layers=1, d_model=16, d_ff=32))
         training.compile_for_training(model, warmup_steps=10, jit_compile=True,
