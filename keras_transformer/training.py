@@ -160,7 +160,7 @@ def fit_by_checkpoints(model, batches, dev_batches, step, last_step, checkpoint_
             (`TrainingBatches.dataset`).
         dev_batches: the dev batches, finite, whose loss is measured every epoch, or
             on a `budgeted` run only half-way and at `planned_steps` (each pass,
-            and its compilations under XLA, costs steps).
+            and its compilations under XLA, costs steps); None for no dev loss.
         step: the step the run is at.
         last_step: where to stop, or None.
         checkpoint_every: steps per epoch.
@@ -176,7 +176,8 @@ def fit_by_checkpoints(model, batches, dev_batches, step, last_step, checkpoint_
     """
     losses = []
     last_step = sys.maxsize if last_step is None else last_step
-    dev_batches = with_known_length(without_autotuning(dev_batches))
+    if dev_batches is not None:
+        dev_batches = with_known_length(without_autotuning(dev_batches))
     planned_epochs = math.ceil(planned_steps / checkpoint_every)
     validation_freq = [max(1, planned_epochs // 2), planned_epochs] if budgeted else 1
     for epochs, length in _segments(step, last_step, checkpoint_every, planned_steps):

@@ -579,6 +579,10 @@ MUTANTS = [
             "exported",
             "tests/test_ctranslate2.py::test_a_decoding_without_a_character_limit_is_not_"
             "exported"]),
+    mutant("dev-passes-with-no-dev-pairs", "keras_transformer/cli/train.py",
+           "dev_batches = None", "pass",
+           ["tests/test_train_cli.py::test_pairs_left_out_for_their_length_are_counted_before_"
+            "training"]),
     mutant("translations-out-of-order", "keras_transformer/evaluation.py",
            'translations[i] = text.decode("utf-8")',
            'translations[indices.index(i)] = text.decode("utf-8")',

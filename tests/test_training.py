@@ -576,7 +576,7 @@ class _DevLosses(keras.callbacks.Callback):
         self.losses = []
 
     def on_epoch_end(self, epoch, logs=None):
-        self.losses.append(logs["val_loss"])
+        self.losses.append(logs.get("val_loss"))
 
 
 def test_a_dev_pass_averages_every_dev_batch_without_a_warning(recwarn):
@@ -596,6 +596,10 @@ def test_a_dev_pass_averages_every_dev_batch_without_a_warning(recwarn):
     # The batches hold as many target tokens each: the pass's loss is their mean.
     assert dev_losses.losses == [pytest.approx(np.mean(batch_losses), rel=1e-5)]
     assert not [warning for warning in recwarn if "ran out of data" in str(warning.message)]
+    # Without dev batches (train's, where every dev pair is too long): no dev pass.
+    no_dev = _DevLosses()
+    losses, step = training.fit_by_checkpoints(model, _repeated_batch, None, 2, 4, 2, 4, [no_dev])
+    assert (len(losses), step, no_dev.losses) == (1, 4, [None])
 
 
 def test_a_second_signal_stops_at_once(tmp_path):

@@ -378,8 +378,10 @@ def build_model(run_dir, model_config, config, strategy):
 def make_batches(config, tokenizer, train_pairs, dev_pairs, strategy):
     """`(train_batches, dev_batches)`: the training batches, each epoch planned
     from the seed so that a resumed run starts at its step, and the dev batches
-    in their lengths."""
+    in their lengths, counted (None, and said so, where every dev pair is longer
+    than --max-sentence-tokens: no dev loss)."""
     from keras_transformer import data
+    from keras_transformer.data.batching import with_known_length
 
     batch_args = dict(tokenizer=tokenizer, tokens_per_batch=config.tokens_per_batch,
                       max_sentence_tokens=config.max_sentence_tokens,
@@ -403,10 +405,21 @@ def make_batches(config, tokenizer, train_pairs, dev_pairs, strategy):
               f"{config.max_sentence_tokens} tokens (--max-sentence-tokens).", flush=True)
     # Deterministic and full-size batches, so workers agree on each one and no
     # replica gets an empty share.
+    dev_stats = data.BatchStats()
     dev_batches = data.make_batches(dev_pairs, shuffle=False, deterministic=True,
                                     static_batch_size=True,
                                     bucket_boundaries=train_batches.bucket_boundaries,
-                                    **batch_args)
+                                    stats=dev_stats, **batch_args)
+    # Counted in one pass (as fit would count them), which counts the pairs too.
+    dev_batches = with_known_length(dev_batches)
+    counts = dev_stats.result()
+    if counts["pairs_read"] and not counts["pairs_batched"]:
+        # Keras would warn "Your input ran out of data" at each dev pass.
+        print(f"Left out all {counts['pairs_read']} dev pairs: each is longer than "
+              f"{config.max_sentence_tokens} tokens (--max-sentence-tokens), so this run "
+              "measures no dev loss; split the dev file's lines into sentences, or raise "
+              "--max-sentence-tokens.", flush=True)
+        dev_batches = None
     return train_batches, dev_batches
 
 
@@ -428,7 +441,7 @@ def compile_steps(model, train_batches, dev_batches, config):
     shapes = train_batches.shapes
     if model.distribute_strategy.num_replicas_in_sync > 1:
         return len(shapes)
-    dev = training.one_batch_per_shape(dev_batches)
+    dev = [] if dev_batches is None else training.one_batch_per_shape(dev_batches)
     workers = min(len(shapes) + len(dev), hardware.available_cores())
     print(f"Compiling the training step for {_counted(len(shapes), 'batch shape')} and the dev "
           f"step for {_counted(len(dev), 'shape')}, {workers} at a time (XLA, once a run"
