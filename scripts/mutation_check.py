@@ -583,6 +583,12 @@ MUTANTS = [
            "dev_batches = None", "pass",
            ["tests/test_train_cli.py::test_pairs_left_out_for_their_length_are_counted_before_"
             "training"]),
+    # Dev pairs left out of the dev loss unsaid where some are kept: the dev loss
+    # measures a part of the dev set, and nothing says which.
+    mutant("dev-pairs-left-out-unsaid", "keras_transformer/cli/train.py",
+           'elif counts["pairs_too_long"]:', "elif False:",
+           ["tests/test_train_cli.py::test_pairs_left_out_for_their_length_are_counted_before_"
+            "training"]),
     mutant("translations-out-of-order", "keras_transformer/evaluation.py",
            'translations[i] = text.decode("utf-8")',
            'translations[indices.index(i)] = text.decode("utf-8")',

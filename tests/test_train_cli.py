@@ -1085,16 +1085,19 @@ def test_read_splits_reads_each_split_as_the_corpus_holds_it(tmp_path, monkeypat
 
 
 def test_pairs_left_out_for_their_length_are_counted_before_training(tokenizer, capsys):
-    """Training pairs left out are counted; dev pairs are said only where all
-    are left out (a dev file of paragraphs): then the run has no dev batches,
-    where each dev pass had Keras warn "Your input ran out of data"."""
+    """Training and dev pairs left out are counted. Where every dev pair is left
+    out (a dev file of paragraphs), the run has no dev batches, where each dev
+    pass had Keras warn "Your input ran out of data"."""
     long = " ".join(["in the beginning"] * 40)
     sentences = ["Jesus wept.", long, "Jesus wept.", "Jesus wept."] * 4
     pairs = tf.data.Dataset.from_tensor_slices({"source": sentences, "target": sentences})
     config = kt.TrainingConfig(tokens_per_batch=32, max_sentence_tokens=32)
     _, dev = train.make_batches(config, tokenizer, pairs, pairs, tf.distribute.get_strategy())
     out = capsys.readouterr().out.splitlines()
-    assert out[-1] == "Left out 4 training pairs longer than 32 tokens (--max-sentence-tokens).", out
+    assert out[-2:] == [
+        "Left out 4 training pairs longer than 32 tokens (--max-sentence-tokens).",
+        "Left out 4 of the 16 dev pairs from the dev loss: longer than 32 tokens "
+        "(--max-sentence-tokens)."], out
     # The dev batches of the 12 pairs kept, counted.
     assert dev.cardinality() == len(list(dev)) > 0
     paragraphs = pairs.filter(lambda pair: tf.strings.length(pair["source"]) > 100)

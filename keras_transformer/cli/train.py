@@ -378,8 +378,9 @@ def build_model(run_dir, model_config, config, strategy):
 def make_batches(config, tokenizer, train_pairs, dev_pairs, strategy):
     """`(train_batches, dev_batches)`: the training batches, each epoch planned
     from the seed so that a resumed run starts at its step, and the dev batches
-    in their lengths, counted (None, and said so, where every dev pair is longer
-    than --max-sentence-tokens: no dev loss)."""
+    in their lengths, counted. The pairs longer than --max-sentence-tokens are left
+    out of both and said; where that is every dev pair, the dev batches are None
+    (no dev loss)."""
     from keras_transformer import data
     from keras_transformer.data.batching import with_known_length
 
@@ -420,6 +421,10 @@ def make_batches(config, tokenizer, train_pairs, dev_pairs, strategy):
               "measures no dev loss; split the dev file's lines into sentences, or raise "
               "--max-sentence-tokens.", flush=True)
         dev_batches = None
+    elif counts["pairs_too_long"]:
+        print(f"Left out {counts['pairs_too_long']} of the {counts['pairs_read']} dev pairs "
+              f"from the dev loss: longer than {config.max_sentence_tokens} tokens "
+              "(--max-sentence-tokens).", flush=True)
     return train_batches, dev_batches
 
 
