@@ -583,6 +583,11 @@ MUTANTS = [
            "dev_batches = None", "pass",
            ["tests/test_train_cli.py::test_pairs_left_out_for_their_length_are_counted_before_"
             "training"]),
+    # Train without oneDNN where TensorFlow leaves it off (AVX2-only CPUs): its
+    # translations rank near ties otherwise than its export's.
+    mutant("train-without-onednn", "keras_transformer/cli/common.py",
+           '"TF_ENABLE_ONEDNN_OPTS": "1"}', "}",
+           ["tests/test_cli.py::test_every_command_turns_onednn_on_before_tensorflow_starts"]),
     # Dev pairs left out of the dev loss unsaid where some are kept: the dev loss
     # measures a part of the dev set, and nothing says which.
     mutant("dev-pairs-left-out-unsaid", "keras_transformer/cli/train.py",

@@ -1,7 +1,11 @@
 import os
 
-# Quiet TensorFlow's C++ start-up logs; must be set before TensorFlow is imported.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The commands' environment, set before TensorFlow is imported: its C++ start-up
+# logs quiet, and its oneDNN kernels on, so that a test's translations rank near
+# ties as the commands' do on an AVX2-only CPU too (cli.common.COMMAND_ENVIRONMENT).
+from keras_transformer.cli.common import use_command_environment  # noqa: E402
+
+use_command_environment()
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 # With CI_NO_SKIPS=1 (CI), a skip other than for missing hardware fails the session.

@@ -1241,6 +1241,25 @@ def test_decoding_commands_set_onednn_defaults_the_environment_overrides(monkeyp
     assert os.environ["TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"] == "1"
 
 
+@pytest.mark.parametrize("command", ["train", "export", "translate", "evaluate"])
+def test_every_command_turns_onednn_on_before_tensorflow_starts(command):
+    """Train as its export and translate and evaluate: TensorFlow leaves oneDNN off
+    on an AVX2-only CPU, where train's translations (its chosen decoding, its test
+    BLEU) then ranked near ties otherwise than its export's (test_main_job_end_to_end
+    failed so on an EPYC Zen 2, 2026-12-07). Importing the command sets it, unless
+    the environment says otherwise."""
+    environment = {name: value for name, value in os.environ.items()
+                   if name != "TF_ENABLE_ONEDNN_OPTS"}
+    code = ("import os, sys; from keras_transformer.cli import {0}; "
+            "print(os.environ.get('TF_ENABLE_ONEDNN_OPTS'), 'tensorflow' in sys.modules)")
+    for given, expected in ((None, "1 False"), ("0", "0 False")):
+        env = dict(environment, PYTHONPATH=python_path(ROOT),
+                   **({} if given is None else {"TF_ENABLE_ONEDNN_OPTS": given}))
+        result = subprocess.run([sys.executable, "-c", code.format(command)], env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert result.stdout.strip() == expected, result.stderr
+
+
 def test_searches_side_by_side_get_a_thread_each(monkeypatch, tmp_path):
     """An export that runs searches side by side (its recorded settings, read
     before TensorFlow starts) gets one intra-op thread and an inter-op thread per

@@ -39,7 +39,16 @@ from keras_transformer.durable import write_atomically
 #   (the base model's (tokens, vocabulary) logits and their gradient above all;
 #   benchmarks/train_throughput.py measures the step); its BFC allocator keeps them
 #   for the next step. false turns it off.
-COMMAND_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_CPU_ALLOCATOR_USE_BFC": "true"}
+# - TF_ENABLE_ONEDNN_OPTS: TensorFlow turns its oneDNN kernels on by itself only on
+#   CPUs with AVX-512 VNNI or BF16 or with AMX. On an AVX2-only CPU, train would
+#   otherwise multiply with TensorFlow's own kernels and its export, translate and
+#   evaluate with oneDNN's (`start_decoding`): float32 sums in another order, so
+#   that the decoding train chose and the test BLEU it printed were not those of
+#   its export (a near tie ranked the other way). With oneDNN, the small recipe's
+#   step also took 0.31 s instead of 0.33 on a 2-core EPYC Zen 2 (AVX2 only,
+#   2026-12-07, benchmarks/train_throughput.py). 0 turns it off.
+COMMAND_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_CPU_ALLOCATOR_USE_BFC": "true",
+                       "TF_ENABLE_ONEDNN_OPTS": "1"}
 
 
 def use_command_environment(environ=None):
@@ -82,8 +91,9 @@ def says_warnings(main):
 def start_decoding(verbose, parallel_searches=1):
     """What the decoding commands (translate, evaluate, export) do once their
     flags are checked, before TensorFlow starts: keep the libraries' log lines
-    off stderr (unless `verbose`), turn TensorFlow's oneDNN kernels on, let
-    them keep the weights in their own layouts, and for a translator that runs
+    off stderr (unless `verbose`), turn TensorFlow's oneDNN kernels on (as
+    every command does, `COMMAND_ENVIRONMENT`), let them keep the weights in
+    their own layouts, and for a translator that runs
     `parallel_searches` > 1 searches side by side give each its own core.
 
     TensorFlow turns oneDNN on by itself only on CPUs with AVX-512 VNNI or BF16
