@@ -508,9 +508,7 @@ def test_compiling_ahead_side_by_side_prints_no_retracing_warning(tokenizer, xla
     model = kt.build_transformer(kt.TransformerConfig.tiny(
         tokenizer.vocab_size, num_layers=1, d_model=16, d_ff=32))
     training.compile_for_training(model, warmup_steps=10, jit_compile=True)
-    # Only what compile_ahead prints: a worker that ran other tests first may
-    # have traced `_id_to_token` of other tokenizers, which tf.function counts
-    # as retraces of this one's (it keys its count by the code, not the object).
+    # Only what compile_ahead prints, not what earlier tests in this worker left.
     capfd.readouterr()
     caplog.clear()
     training.compile_ahead(model, [batches.example_batch(shape, 1) for shape in batches.shapes],

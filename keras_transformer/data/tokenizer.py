@@ -7,6 +7,7 @@ through `tensorflow_text.SentencepieceTokenizer`, so the same serialized model w
 eagerly, inside `tf.data` and inside an exported SavedModel.
 """
 
+import functools
 import io
 import json
 import os
@@ -123,6 +124,14 @@ class SubwordTokenizer(tf.Module):
             PAD_ID, UNK_ID, BOS_ID, EOS_ID,
         )
         self._processor = processor
+        # One tf.function each per tokenizer, not one per class: TensorFlow counts a
+        # function's traces by its Python code, so the methods' traces in every
+        # tokenizer would add up, and from the fifth tokenizer in a process it would
+        # warn of "excessive retracing" that is none.
+        self._tokenize, self._detokenize, self._id_to_token = (
+            tf.function(functools.partial(function, model_proto))
+            for function in (_tokenize, _detokenize, _id_to_token)
+        )
 
     @classmethod
     def train(
@@ -269,27 +278,6 @@ class SubwordTokenizer(tf.Module):
         """The subword pieces of `ids` as tf.string (for inspecting a vocabulary)."""
         return self._id_to_token(tf.convert_to_tensor(ids, tf.int32))
 
-    @tf.function
-    def _tokenize(self, texts):
-        return self._sentencepiece().tokenize(texts)
-
-    @tf.function
-    def _detokenize(self, ids):
-        return self._sentencepiece().detokenize(ids)
-
-    @tf.function
-    def _id_to_token(self, ids):
-        return self._sentencepiece().id_to_string(ids)
-
-    def _sentencepiece(self):
-        # Built inside each traced function rather than once in __init__: its model
-        # lives in a kernel-owned resource, which `tf.random.set_seed` (it clears
-        # the eager kernel cache) would destroy under a tokenizer built eagerly and
-        # under every dataset that captured it. Built in the graph, the resource is
-        # re-created with the kernel, and the model proto travels in the graph, so
-        # tf.data functions and SavedModels carry it.
-        return tensorflow_text.SentencepieceTokenizer(model=self.model_proto, out_type=tf.int32)
-
     def save(self, directory):
         """Writes the model, a readable vocabulary, the casing and the settings
         to `directory`."""
@@ -336,6 +324,28 @@ class SubwordTokenizer(tf.Module):
                 f"{config['vocab_size']} but the model has {tokenizer.vocab_size}"
             )
         return tokenizer
+
+
+def _tokenize(model_proto, texts):
+    return _sentencepiece(model_proto).tokenize(texts)
+
+
+def _detokenize(model_proto, ids):
+    return _sentencepiece(model_proto).detokenize(ids)
+
+
+def _id_to_token(model_proto, ids):
+    return _sentencepiece(model_proto).id_to_string(ids)
+
+
+def _sentencepiece(model_proto):
+    # Built inside each traced function rather than once in __init__: its model
+    # lives in a kernel-owned resource, which `tf.random.set_seed` (it clears the
+    # eager kernel cache) would destroy under a tokenizer built eagerly and under
+    # every dataset that captured it. Built in the graph, the resource is re-created
+    # with the kernel, and the model proto travels in the graph, so tf.data
+    # functions and SavedModels carry it.
+    return tensorflow_text.SentencepieceTokenizer(model=model_proto, out_type=tf.int32)
 
 
 def _normalization_flags(rule_name, directory):

@@ -250,3 +250,23 @@ def test_survives_tf_random_set_seed(tokenizer):
     tf.random.set_seed(5)
     assert tokenizer.tokenize(texts).to_list() == expected
     assert dataset.get_single_element().to_list() == expected
+
+
+def test_many_tokenizers_in_one_process_warn_of_no_retracing(tokenizer, capfd, caplog):
+    # tf.function counts traces by the Python function's code; methods decorated
+    # once for the class would add every tokenizer's first call up, and warn of
+    # "excessive retracing" from the fifth tokenizer on (a vocabulary sweep).
+    capfd.readouterr()
+    caplog.clear()
+    tokenizers = [data.SubwordTokenizer(tokenizer.model_proto, tokenizer.casing)
+                  for _ in range(7)]
+    for each in tokenizers:
+        ids = each.tokenize(tf.constant(SENTENCES))
+        assert each.detokenize(ids).numpy().tolist() == [s.encode() for s in SENTENCES]
+        assert each.id_to_token(tf.constant([2, 3])).numpy().tolist() == [b"<s>", b"</s>"]
+    # TensorFlow's logger prints to stderr, or hands its records to the root
+    # logger's handlers where there are any (pytest's caplog).
+    assert "retracing" not in capfd.readouterr().err + caplog.text
+    traced = [function.experimental_get_tracing_count() for each in tokenizers
+              for function in (each._tokenize, each._detokenize, each._id_to_token)]
+    assert traced == [1] * 21
