@@ -143,6 +143,9 @@ def test_train_chooses_the_recipe_from_the_steps_it_times(monkeypatch, capsys):
         f"Recipe for 8 minutes of CPU time on this CPU: {small.describe()}, about {updates} "
         f"updates (0.200 CPU-seconds a step); {big.describe()} would get about {updates} "
         "(0.200 CPU-seconds a step)"), line
+    # A budget of one minute is said as one.
+    _, _, line = train.choose_recipe(TrainingConfig(time_budget=1), model_config)
+    assert line.startswith("Recipe for 1 minute on this CPU: "), line
     # A given --learning-rate-scale and dropout are kept, and the steps timed with that dropout.
     monkeypatch.setattr(training, "time_training_step", time_training_step)
     timed.clear()

@@ -461,7 +461,7 @@ def compile_steps(model, train_batches, dev_batches, config):
 
 
 def _counted(number, noun):
-    return f"{number} {noun}{'' if number == 1 else 's'}"
+    return f"{number:g} {noun}{'' if number == 1 else 's'}"
 
 
 def resumed_budget(clock, config, step, max_steps):
@@ -486,7 +486,8 @@ def plan_budget(model, schedule, train_batches, clock, config, explicit, max_ste
     from keras_transformer import budget
 
     print(f"Timing the first {budget.CALIBRATION_STEPS} steps to plan the run's "
-          f"{config.time_budget:g} minutes ({config.time_budget_clock} clock)...", flush=True)
+          f"{_counted(config.time_budget, 'minute')} ({config.time_budget_clock} clock)...",
+          flush=True)
     config, step = budget.plan_run(model, schedule, train_batches.dataset(0), clock, config,
                                    explicit, max_steps)
     print(f"Planned about {config.steps} steps: a checkpoint every "
@@ -609,6 +610,7 @@ def choose_recipe(config, model_config, keep_dropout=False, keep_learning_rate=F
                      for other, updates, seconds in estimates[:-1])
     _, updates, seconds = estimates[-1]
     return config, model_config, (
-        f"Recipe for {config.time_budget:g} minutes{' of CPU time' if unit != 's' else ''} on "
+        f"Recipe for {_counted(config.time_budget, 'minute')}"
+        f"{' of CPU time' if unit != 's' else ''} on "
         f"this CPU: {recipe.describe()}, about {updates} updates ({seconds:.3f} {unit} a "
         f"step){passed}.")
