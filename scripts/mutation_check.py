@@ -683,6 +683,16 @@ MUTANTS = [
     mutant("misaligned-files-zipped-short", "keras_transformer/data/corpora.py",
            "if num_source != num_target:", "if False:",
            ["tests/data/test_corpora.py::test_line_counts_that_differ"]),
+    # "Recipe for 1 minutes on this CPU".
+    mutant("one-minute-said-as-minutes", "keras_transformer/cli/train.py",
+           "return f\"{number:g} {noun}{'' if number == 1 else 's'}\"",
+           "return f\"{number:g} {noun}s\"",
+           ["tests/test_budget.py::test_train_chooses_the_recipe_from_the_steps_it_times"]),
+    # evaluate's messages number a held-out dev or test pair as a line of the files.
+    mutant("trained-split-named-by-line", "keras_transformer/cli/evaluate.py",
+           "return corpus_split(corpus, args.split, seed, **languages), by_split",
+           "return corpus_split(corpus, args.split, seed, **languages), by_line",
+           ["tests/test_cli.py::test_evaluate_scores_the_corpus_the_run_trained_on_unless_told"]),
 ]
 
 

@@ -930,7 +930,7 @@ def test_evaluate_reads_corpora_as_train_does(tmp_path):
     def pairs(*flags):
         args = evaluate.parse_args(["--run", str(tmp_path), *flags])
         return [(p["source"].decode(), p["target"].decode())
-                for p in evaluate.load_pairs(args).as_numpy_iterator()]
+                for p in evaluate.load_pairs(args)[0].as_numpy_iterator()]
 
     assert pairs("--test", str(tmp_path / "{split}.tsv"), "--split", "dev") == [
         ("dev one", "uno"), ("dev two", "dos")]
@@ -941,7 +941,7 @@ def test_evaluate_reads_corpora_as_train_does(tmp_path):
         evaluate.load_pairs(evaluate.parse_args(["--run", str(tmp_path), "--test", "no.tsv"]))
     # What its messages call a sentence: by its split, or by its line in a file of one.
     files = [str(tmp_path / name) for name in ("{split}.tsv", "test.tsv", "test.en", "test.es")]
-    named = {flags: evaluate.sentences_named(evaluate.parse_args(["--run", str(tmp_path), *flags]))
+    named = {flags: evaluate.load_pairs(evaluate.parse_args(["--run", str(tmp_path), *flags]))[1]
              for flags in [("--test", files[0], "--split", "dev"), ("--test", "bundled"), (),
                            ("--test", files[1]), ("--src", files[2], "--ref", files[3])]}
     assert list(named.values()) == ["dev sentence", "test sentence", "test sentence", "sentence",
@@ -977,13 +977,14 @@ def test_evaluate_scores_the_corpus_the_run_trained_on_unless_told(tmp_path):
         for where in (["--run", str(run)], ["--export", str(export)]):
             args = evaluate.parse_args([*where, *flags])
             found.append([(p["source"].decode(), p["target"].decode()) for p in
-                          evaluate.load_pairs(args).take(take).as_numpy_iterator()])
+                          evaluate.load_pairs(args)[0].take(take).as_numpy_iterator()])
         assert found[0] == found[1], found  # the run's and its export's alike
         return found[0]
 
     record(data=files, source_language=None, target_language=None)
     assert pairs() == [("test eins", "test one"), ("test zwei", "test two")]
     assert pairs("--split", "dev", take=1) == [("dev eins", "dev one")]
+    assert evaluate.load_pairs(evaluate.parse_args(["--run", str(run)]))[1] == "test sentence"
     bundled = data.load_parallel("bundled", "test").take(1).as_numpy_iterator()
     english, spanish = (text.decode() for text in next(bundled).values())
     assert pairs("--test", "bundled", take=1) == [(english, spanish)]
@@ -1006,13 +1007,15 @@ def test_evaluate_scores_the_corpus_the_run_trained_on_unless_told(tmp_path):
     for split in ("test", "dev"):
         assert pairs("--split", split) == [(p["source"].decode(), p["target"].decode())
                                            for p in held[split].as_numpy_iterator()]
+    args = evaluate.parse_args(["--run", str(run), "--split", "dev"])
+    assert evaluate.load_pairs(args)[1] == "dev sentence"  # not a line of all.de
     with pytest.raises(ValueError, match="--split validation: the run held dev and test pairs "
                                          "out of --data"):
         evaluate.load_pairs(evaluate.parse_args(["--run", str(run), "--split", "validation"]))
     # An export of the library's records no run: the bundled pairs.
     (export / "1" / "assets.extra" / export_files.CONFIG_FILENAME).write_text("{}")
     args = evaluate.parse_args(["--export", str(export)])
-    assert next(evaluate.load_pairs(args).as_numpy_iterator())["source"].decode() == english
+    assert next(evaluate.load_pairs(args)[0].as_numpy_iterator())["source"].decode() == english
 
 
 def test_translate_and_evaluate_show_the_progress_bar_as_the_library_decides(tmp_path):

@@ -74,13 +74,16 @@ def parse_args(argv, prog=PROG):
 
 
 def load_pairs(args):
-    """The pairs to score: --src and --ref, --test's --split, or without --test
-    that split of the corpus the run trained on (`trained_corpus`), as train read
-    it (`read_splits`)."""
+    """`(pairs, named)`: the pairs to score, --src and --ref, --test's --split, or
+    without --test that split of the corpus the run trained on (`trained_corpus`),
+    as train read it (`read_splits`); and what messages call one of them before
+    its number: by its line in --src or in a --test file of one split ("sentence
+    3"), else by the split's name ("test sentence 3")."""
     from keras_transformer import data
 
+    by_line, by_split = "sentence", f"{args.split} sentence"
     if args.src is not None:
-        return data.load_parallel((args.src, args.ref))
+        return data.load_parallel((args.src, args.ref)), by_line
     test, languages = args.test, {"source_language": args.source_language,
                                   "target_language": args.target_language}
     trained = trained_corpus(args) if test is None else None
@@ -89,7 +92,7 @@ def load_pairs(args):
         if languages == dict.fromkeys(languages):  # none given: the run's direction
             languages = trained
         try:
-            return corpus_split(corpus, args.split, seed, **languages)
+            return corpus_split(corpus, args.split, seed, **languages), by_split
         except FileNotFoundError as error:
             raise FileNotFoundError(f"{error}: the {args.split} split of the corpus the run "
                                     f"trained on (--data {corpus!r}); pass --test to score "
@@ -97,24 +100,14 @@ def load_pairs(args):
     test = test or BUNDLED
     source = corpus_source(test)
     if is_named_corpus(test):
-        return data.load_parallel(source, args.split, **languages)
+        return data.load_parallel(source, args.split, **languages), by_split
     if has_splits(test):  # as train's --data: 'corpus/{split}.tsv.gz'
-        return data.load_parallel(source, args.split)
+        return data.load_parallel(source, args.split), by_split
     if not all(map(os.path.isfile, source if isinstance(source, tuple) else [source])):
         raise FileNotFoundError(
             f"--test {test} is neither 'bundled', 'tfds:NAME' nor existing files"
         )
-    return data.load_parallel(source)
-
-
-def sentences_named(args):
-    """What the messages call a sentence of `load_pairs(args)`, before its
-    number: by its line in --src or in a --test file of one split ("sentence
-    3"), else by the split's name ("test sentence 3")."""
-    if args.src is not None or (args.test is not None and not is_named_corpus(args.test)
-                                and not has_splits(args.test)):
-        return "sentence"
-    return f"{args.split} sentence"
+    return data.load_parallel(source), by_line
 
 
 def trained_corpus(args):
@@ -143,11 +136,11 @@ def main(argv=None, prog=PROG):
 
     with graph_optimizer_off():
         try:
-            pairs = load_pairs(args)
+            pairs, named = load_pairs(args)
             translator = load_command_translator(args, prog)
             result = evaluation.evaluate(
                 translator, pairs, args.batch_size, args.progress, limit=args.limit,
-                named=sentences_named(args),
+                named=named,
                 **{name: getattr(args, name) for name in REQUEST_SETTINGS},
             )
         except (ValueError, FileNotFoundError, ImportError) as error:  # no ctranslate2
