@@ -377,6 +377,26 @@ def test_training_batches_have_no_autotuning_thread(tokenizer):
     assert batches.dataset(0).options().autotune.enabled is False
 
 
+def test_bad_data_is_named_before_any_step_is_timed(tmp_path, monkeypatch, capsys):
+    """A --data file that is not parallel text is refused before the recipes'
+    timed steps (seconds of model building), not after them; no run is made."""
+    from keras_transformer import training
+    from keras_transformer.cli import train
+
+    def time_training_step(*args, **kwargs):
+        raise AssertionError("a recipe's step was timed before the data was read")
+
+    monkeypatch.setattr(training, "time_training_step", time_training_step)
+    corpus = tmp_path / "train.en"
+    corpus.write_text("In the beginning.\n" * 50)
+    run = tmp_path / "run"
+    assert train.main(["--data", str(corpus), "--time-budget", "1", "--out", str(run),
+                       "--precision", "float32"]) == 2
+    assert (f"{corpus} line 1: 1 tab-separated columns; a parallel tab-separated file has "
+            "exactly 2") in capsys.readouterr().err
+    assert not run.exists()
+
+
 @pytest.mark.slow
 def test_a_slow_cpu_gets_the_small_recipe_and_the_breakdown(tmp_path, monkeypatch, capsys):
     from keras_transformer.cli import train

@@ -159,6 +159,8 @@ def where_it_resumes(out, step=None):
 
 def run(args, fields, model_overrides, explicit, start, prog=PROG):
     # Heavy imports after argument parsing, so that --help is instant.
+    import keras
+
     from keras_transformer import budget
     from keras_transformer import distributed
     from keras_transformer import run_configs
@@ -168,19 +170,33 @@ def run(args, fields, model_overrides, explicit, start, prog=PROG):
     account = budget.TimeAccount(start["wall"])
     run_dir = runs.Run(args.out)
     # === Config: flags, or the saved config of the run being resumed; the device ===
-    config, model_config, saved, strategy = configure(args, fields, model_overrides, explicit,
-                                                      account)
+    config, model_config, saved, strategy, device = configure(args, fields, model_overrides,
+                                                              explicit)
     account.mark("start-up")
     # On a multi-worker run every worker computes, only the chief writes, and --out
     # must be on a filesystem all workers share (they read its vocab and checkpoints).
     chief = distributed.is_chief(strategy)
 
-    # === Data and the shared vocabulary; the test pairs read (and checked) now, not
+    # === Data, read (and checked, the test pairs too) before any step is timed, not
     # once training has ended ===
     splits = load_splits(config)
     train_pairs, dev_pairs, test_pairs = (splits[name] for name in ("train", "dev", "test"))
+    account.mark("vocabulary and batches")
     if chief:  # one trainer per run directory, once the flags and data are checked
         run_dir.lock()
+    # === A budget on a CPU: the vocabulary and batches that this CPU's speed affords ===
+    if (config.time_budget and saved is None and device.kind == "cpu" and not config.init_from
+            and not {"vocab_size", "tokens_per_batch"} & explicit):
+        config, model_config, recipe_line = choose_recipe(
+            config, model_config,
+            keep_dropout="dropout_rate" in model_overrides or args.model_config is not None,
+            keep_learning_rate="learning_rate_scale" in explicit)
+        print(recipe_line, flush=True)
+        account.mark("timing the recipes")
+    # After the recipes' timed steps, so that the run's model starts as it would without.
+    keras.utils.set_random_seed(config.seed)
+
+    # === The shared vocabulary ===
     try:
         tokenizer = run_dir.load_vocabulary(  # the other workers wait for the chief's
             train_pairs, config, chief, lambda: distributed.same_on_all_workers(strategy, 0))
@@ -245,14 +261,11 @@ def run(args, fields, model_overrides, explicit, start, prog=PROG):
     return 0
 
 
-def configure(args, fields, model_overrides, explicit, account):
-    """`(config, model_config, saved, strategy)`: the configs (`resolve_configs`),
-    with the "auto" settings resolved for the strategy's device and, on a CPU with
-    a time budget, the recipe that this CPU's speed affords (its time marked on
-    `account`); `saved` is the resumed run's config.json or None. Sets the seed
-    and the precision."""
-    import keras
-
+def configure(args, fields, model_overrides, explicit):
+    """`(config, model_config, saved, strategy, device)`: the configs
+    (`resolve_configs`), with the "auto" settings resolved for the strategy's
+    device (`hardware.detect`); `saved` is the resumed run's config.json or None.
+    Sets the precision."""
     from keras_transformer import distributed
     from keras_transformer import hardware
     from keras_transformer import run_configs
@@ -280,19 +293,7 @@ def configure(args, fields, model_overrides, explicit, account):
     if saved is None:
         print_paper_settings(config, fields, model_config.d_model)
     training.set_precision(config.precision)
-    # A budget on a CPU: the vocabulary and batches that this CPU's speed affords.
-    if (config.time_budget and saved is None and device.kind == "cpu" and not config.init_from
-            and not {"vocab_size", "tokens_per_batch"} & explicit):
-        account.mark("start-up")
-        config, model_config, recipe_line = choose_recipe(
-            config, model_config,
-            keep_dropout="dropout_rate" in model_overrides or args.model_config is not None,
-            keep_learning_rate="learning_rate_scale" in explicit)
-        print(recipe_line, flush=True)
-        account.mark("timing the recipes")
-    # After the recipes' timed steps, so that the run's model starts as it would without.
-    keras.utils.set_random_seed(config.seed)
-    return config, model_config, saved, strategy
+    return config, model_config, saved, strategy, device
 
 
 def config_error(error, model_flags):
